@@ -1,0 +1,30 @@
+# `make demo` and `make test` set everything up on a fresh machine: a virtual environment in .venv with the CPU
+# build of torch (installed first, so nothing pulls a multi-GB CUDA build), then sinebert under constraints.txt.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_ARGS ?=
+
+.PHONY: install test demo bench cram clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py $(DEMO_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/speed.py
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,57 @@
+"""sinebert: a Hugging Face-native encoder with fixed sinusoidal positions.
+
+Importing the package registers `SineBertConfig` and every head with the transformers Auto classes, and the
+`extractive-question-answering` pipeline.
+"""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+from transformers.pipelines import PIPELINE_REGISTRY
+
+from .configuration_sinebert import SineBertConfig
+from .modeling_sinebert import (
+    SineBertForMaskedLM,
+    SineBertForQuestionAnswering,
+    SineBertForSequenceClassification,
+    SineBertForTokenClassification,
+    SineBertModel,
+    SineBertPreTrainedModel,
+)
+from .pipeline_sinebert import ExtractiveQuestionAnsweringPipeline
+
+__version__ = "0.1.0"
+
+AutoConfig.register("sinebert", SineBertConfig, exist_ok=True)
+for _auto, _model in (
+    (AutoModel, SineBertModel),
+    (AutoModelForMaskedLM, SineBertForMaskedLM),
+    (AutoModelForSequenceClassification, SineBertForSequenceClassification),
+    (AutoModelForTokenClassification, SineBertForTokenClassification),
+    (AutoModelForQuestionAnswering, SineBertForQuestionAnswering),
+):
+    _auto.register(SineBertConfig, _model, exist_ok=True)
+
+if "extractive-question-answering" not in PIPELINE_REGISTRY.get_supported_tasks():
+    PIPELINE_REGISTRY.register_pipeline(
+        "extractive-question-answering",
+        pipeline_class=ExtractiveQuestionAnsweringPipeline,
+        pt_model=AutoModelForQuestionAnswering,
+        type="text",
+    )
+
+__all__ = [
+    "ExtractiveQuestionAnsweringPipeline",
+    "SineBertConfig",
+    "SineBertForMaskedLM",
+    "SineBertForQuestionAnswering",
+    "SineBertForSequenceClassification",
+    "SineBertForTokenClassification",
+    "SineBertModel",
+    "SineBertPreTrainedModel",
+]

@@ -1,0 +1,132 @@
+"""SineBERT model configuration."""
+
+from typing import Literal
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+# Every Auto class a sinebert checkpoint loads under with `trust_remote_code=True`. Written into each saved
+# config so that a process without the package can load any head, not only the class that was saved.
+SINEBERT_AUTO_MAP = {
+    "AutoConfig": "configuration_sinebert.SineBertConfig",
+    "AutoModel": "modeling_sinebert.SineBertModel",
+    "AutoModelForMaskedLM": "modeling_sinebert.SineBertForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_sinebert.SineBertForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_sinebert.SineBertForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_sinebert.SineBertForQuestionAnswering",
+}
+
+NORM_PLACEMENTS = ("post", "pre")
+CLASSIFIER_POOLINGS = ("cls", "mean")
+
+
+class SineBertConfig(PreTrainedConfig):
+    r"""
+    Configuration of a SineBERT encoder: a BERT-style bidirectional transformer whose positions are the fixed
+    sinusoidal encoding of "Attention Is All You Need" (Vaswani et al., 2017, section 3.5) instead of learned
+    position embeddings, so that any length can be encoded.
+
+    Args:
+        vocab_size (`int`, defaults to 30522): Number of tokens in the vocabulary.
+        hidden_size (`int`, defaults to 768): Width d of the embeddings and of every encoder layer.
+        num_hidden_layers (`int`, defaults to 12): Number of encoder layers.
+        num_attention_heads (`int`, defaults to 12): Attention heads per layer; must divide `hidden_size`.
+        intermediate_size (`int`, defaults to 3072): Width of the position-wise feed-forward layer.
+        hidden_act (`str`, defaults to `"gelu"`): Activation of the feed-forward layer (any name in
+            `transformers.activations.ACT2FN`).
+        hidden_dropout_prob (`float`, defaults to 0.1): Dropout on embeddings and residual branches, in [0, 1).
+        attention_probs_dropout_prob (`float`, defaults to 0.1): Dropout on attention probabilities, in [0, 1).
+        max_position_embeddings (`int`, defaults to 512): Rows of the cached sinusoidal table. Not a limit:
+            positions beyond it are computed on the fly.
+        type_vocab_size (`int`, defaults to 2): Number of token types (segments); 0 disables token-type
+            embeddings.
+        layer_norm_eps (`float`, defaults to 1e-12): Epsilon of every LayerNorm.
+        initializer_range (`float`, defaults to 0.02): Standard deviation of the normal weight initialisation.
+        pad_token_id (`int`, defaults to 0): Id of the padding token.
+        tie_word_embeddings (`bool`, defaults to `True`): Tie the masked-LM decoder to the word embeddings.
+        classifier_dropout (`float`, *optional*): Dropout before the classification heads; `None` uses
+            `hidden_dropout_prob`.
+        norm_placement (`str`, defaults to `"post"`): `"post"` normalises after each residual addition as in the
+            original Transformer and BERT; `"pre"` normalises the input of each sub-layer and adds a final
+            LayerNorm (Xiong et al., 2020, "On Layer Normalization in the Transformer Architecture"), which
+            tolerates larger learning rates.
+        classifier_pooling (`str`, defaults to `"cls"`): How sequence classification pools the tokens: `"cls"`
+            takes the first token, `"mean"` averages the non-padding tokens.
+        scale_embeddings (`bool`, defaults to `False`): Multiply word embeddings by sqrt(hidden_size) before
+            adding positions, as in the original Transformer, so that the sinusoids (entries in [-1, 1]) do not
+            drown the small initial word embeddings.
+        sparse_prediction (`bool`, defaults to `False`): When `SineBertForMaskedLM` gets `labels`, project only
+            the positions whose label is not -100 onto the vocabulary and return logits of shape
+            `(num_masked, vocab_size)`. The loss is the same; the work of the decoder shrinks by the masking
+            rate. Pretraining turns this on. Without labels, logits cover every position either way.
+    """
+
+    model_type = "sinebert"
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int | None = 0
+    tie_word_embeddings: bool = True
+    classifier_dropout: float | None = None
+    norm_placement: Literal["post", "pre"] = "post"
+    classifier_pooling: Literal["cls", "mean"] = "cls"
+    scale_embeddings: bool = False
+    sparse_prediction: bool = False
+
+    def __post_init__(self, **kwargs):
+        self._validate()
+        if getattr(self, "auto_map", None) is None and "auto_map" not in kwargs:
+            kwargs["auto_map"] = dict(SINEBERT_AUTO_MAP)
+        super().__post_init__(**kwargs)
+
+    def _validate(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be a non-negative integer, got {self.type_vocab_size!r}.")
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}; "
+                "choose a number of heads that divides the hidden size."
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            value = getattr(self, name)
+            if value is None and name == "classifier_dropout":
+                continue
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value!r}.")
+        if self.norm_placement not in NORM_PLACEMENTS:
+            raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {self.norm_placement!r}.")
+        if self.classifier_pooling not in CLASSIFIER_POOLINGS:
+            raise ValueError(
+                f"classifier_pooling must be one of {CLASSIFIER_POOLINGS}, got {self.classifier_pooling!r}."
+            )
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}.")
+        if not self.initializer_range > 0:
+            raise ValueError(f"initializer_range must be positive, got {self.initializer_range!r}.")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size}); "
+                "set it to the tokenizer's pad token id."
+            )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"hidden_act={self.hidden_act!r} is unknown; choose one of {sorted(ACT2FN)}.")
+
+
+SineBertConfig.register_for_auto_class()
+
+__all__ = ["SineBertConfig"]

@@ -1,0 +1,548 @@
+"""SineBERT: a BERT-style encoder with fixed sinusoidal positions and its own multi-head attention.
+
+This file and `configuration_sinebert.py` are what a saved checkpoint carries for `trust_remote_code=True`, so they
+import only torch, transformers and each other.
+"""
+
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils.generic import can_return_tuple
+
+from .configuration_sinebert import SineBertConfig
+
+
+def sinusoidal_encoding(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """PE[pos, 2k] = sin(pos / 10000^(2k/d)), PE[pos, 2k+1] = cos(pos / 10000^(2k/d)) (Vaswani et al., 2017).
+
+    positions: any shape `(...)` of integer or float positions. Returns float32 `(..., dim)`. Angles are computed in
+    float64: at position 32k a float32 angle is already off by ~1e-3.
+    """
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim  # (ceil(d/2),)
+    angles = positions.to(torch.float64)[..., None] / torch.pow(10000.0, exponents)  # (..., ceil(d/2))
+    encoding = torch.empty(*positions.shape, dim, dtype=torch.float64, device=positions.device)
+    encoding[..., 0::2] = torch.sin(angles)
+    encoding[..., 1::2] = torch.cos(angles[..., : dim // 2])  # odd d: one cosine fewer than sines
+    return encoding.to(torch.float32)
+
+
+class SineBertEmbeddings(nn.Module):
+    """Word (+ token-type) embeddings plus the fixed sinusoidal encoding of `position_ids`, then LayerNorm."""
+
+    def __init__(self, config: SineBertConfig):
+        super().__init__()
+        self.config = config
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
+        )
+        self.embedding_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
+        # A cache, not a weight: non-persistent, and refilled by `_init_weights` because transformers 5 builds
+        # models on the meta device, where a table filled in `__init__` would come back empty.
+        self.register_buffer(
+            "position_table",
+            sinusoidal_encoding(torch.arange(config.max_position_embeddings), config.hidden_size),
+            persistent=False,
+        )
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def position_encoding(self, position_ids: torch.LongTensor | None, seq_length: int) -> torch.Tensor:
+        """`(batch or 1, seq, hidden)` encodings; positions past the cached table are computed on the fly."""
+        table = self.position_table
+        if position_ids is None:
+            if seq_length <= table.shape[0]:
+                return table[None, :seq_length]
+            position_ids = torch.arange(seq_length, device=table.device)[None]
+        if position_ids.numel() == 0 or int(position_ids.max()) < table.shape[0]:
+            return F.embedding(position_ids, table)
+        return sinusoidal_encoding(position_ids, self.config.hidden_size)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if inputs_embeds is None:
+            _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
+            inputs_embeds = self.word_embeddings(input_ids)  # (batch, seq, hidden)
+        embeddings = inputs_embeds * self.embedding_scale
+        embeddings = embeddings + self.position_encoding(position_ids, embeddings.shape[1]).to(embeddings.dtype)
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                embeddings = embeddings + self.token_type_embeddings.weight[0]
+            else:
+                _check_ids(token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size")
+                embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+def _check_ids(ids: torch.Tensor, size: int, name: str, config_name: str):
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
+        bad = ids[(ids < 0) | (ids >= size)][0].item()
+        raise ValueError(
+            f"{name} contains {bad}, outside [0, {size}) of the model's {config_name}; use the tokenizer this model "
+            f"was trained with, or a config whose {config_name} covers it."
+        )
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference kernel: softmax(Q K^T * scaling) V, returning the attention weights too.
+
+    query/key/value: `(batch, heads, seq, head_dim)`; attention_mask: boolean, True where a query may attend,
+    broadcastable to `(batch, heads, q_seq, k_seq)`. A query with no key to attend to gets zero weights and output.
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (batch, heads, q_seq, k_seq)
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if attention_mask is not None:
+        weights = weights.masked_fill(~attention_mask, 0.0)  # fully masked rows: uniform -> zeros
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (batch, q_seq, heads, head_dim)
+    return output, weights
+
+
+class SineBertAttention(nn.Module):
+    """Multi-head self-attention with one fused QKV projection; the kernel is looked up by name."""
+
+    def __init__(self, config: SineBertConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False  # transformers' SDPA wrapper treats a module without it as causal when mask is None
+        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, seq, hidden = hidden_states.shape
+        if seq == 0:  # nothing to attend to, and SDPA rejects empty sequences
+            return self.out_proj(hidden_states), None
+        # (batch, seq, 3 * hidden) -> (3, batch, heads, seq, head_dim)
+        qkv = self.qkv_proj(hidden_states).view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        query, key, value = qkv.unbind(0)
+        implementation = self.config._attn_implementation or "eager"
+        if output_attentions and implementation != "eager":
+            raise ValueError(
+                f"output_attentions=True needs the eager attention kernel, but this model runs {implementation!r}; "
+                "load it with attn_implementation='eager' (or call model.set_attn_implementation('eager'))."
+            )
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        output, weights = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
+        )
+        output = output.reshape(batch, seq, hidden)  # (batch, seq, heads, head_dim) -> (batch, seq, hidden)
+        return self.out_proj(output), weights
+
+
+class SineBertMLP(nn.Module):
+    """Position-wise feed-forward network: Linear(d, ffn) -> activation -> Linear(ffn, d)."""
+
+    def __init__(self, config: SineBertConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(hidden_states)))
+
+
+class SineBertLayer(GradientCheckpointingLayer):
+    """Attention and feed-forward sub-layers, each with a residual connection and LayerNorm (post- or pre-LN)."""
+
+    def __init__(self, config: SineBertConfig, layer_idx: int):
+        super().__init__()
+        self.pre_norm = config.norm_placement == "pre"
+        self.attention = SineBertAttention(config, layer_idx)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = SineBertMLP(config)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.pre_norm:
+            attended, weights = self.attention(self.attention_norm(hidden_states), attention_mask, output_attentions)
+            hidden_states = hidden_states + self.dropout(attended)
+            hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
+        else:
+            attended, weights = self.attention(hidden_states, attention_mask, output_attentions)
+            hidden_states = self.attention_norm(hidden_states + self.dropout(attended))
+            hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
+        return hidden_states, weights
+
+
+class SineBertPreTrainedModel(PreTrainedModel):
+    config_class = SineBertConfig
+    config: SineBertConfig
+    base_model_prefix = "sinebert"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_attention_backend = False
+    _no_split_modules = ["SineBertLayer"]
+
+    def _init_weights(self, module: nn.Module):
+        super()._init_weights(module)
+        if isinstance(module, SineBertEmbeddings):
+            positions = torch.arange(module.position_table.shape[0], device=module.position_table.device)
+            init.copy_(module.position_table, sinusoidal_encoding(positions, self.config.hidden_size))
+
+
+def _padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """`(batch, seq)` 1/0 padding mask -> boolean `(batch, 1, 1, seq)`, or None when nothing is padded (which
+    lets SDPA take its unmasked fast path)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"attention_mask must have shape (batch, seq) with 1 for tokens and 0 for padding, got shape "
+            f"{tuple(attention_mask.shape)}."
+        )
+    mask = attention_mask.bool()
+    if bool(mask.all()):
+        return None
+    return mask[:, None, None, :]
+
+
+class SineBertModel(SineBertPreTrainedModel):
+    """The bare encoder: `last_hidden_state` of shape `(batch, seq, hidden)`."""
+
+    def __init__(self, config: SineBertConfig):
+        super().__init__(config)
+        self.embeddings = SineBertEmbeddings(config)
+        self.layers = nn.ModuleList([SineBertLayer(config, i) for i in range(config.num_hidden_layers)])
+        # Pre-LN leaves the residual stream unnormalised; the final LayerNorm gives heads a normalised input.
+        self.final_norm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_placement == "pre" else None
+        )
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.embeddings.word_embeddings = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> BaseModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        mask = _padding_mask(attention_mask)  # built once, shared by every layer
+        all_hidden_states, all_attentions = [], []
+        for layer in self.layers:
+            all_hidden_states.append(hidden_states)
+            hidden_states, weights = layer(hidden_states, mask, output_attentions)
+            all_attentions.append(weights)
+        if self.final_norm is not None:
+            hidden_states = self.final_norm(hidden_states)
+        all_hidden_states.append(hidden_states)
+        return BaseModelOutput(
+            last_hidden_state=hidden_states,
+            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+        )
+
+
+class SineBertPredictionHead(nn.Module):
+    """The masked-LM transform before the tied decoder: dense -> activation -> LayerNorm."""
+
+    def __init__(self, config: SineBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(hidden_states)))
+
+
+class SineBertForMaskedLM(SineBertPreTrainedModel):
+    _tied_weights_keys = {"decoder.weight": "sinebert.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: SineBertConfig):
+        super().__init__(config)
+        self.sinebert = SineBertModel(config)
+        self.head = SineBertPredictionHead(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear):
+        self.decoder = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> MaskedLMOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch, seq)`): token ids to predict, -100 where nothing is predicted.
+            With `config.sparse_prediction`, only those positions are projected onto the vocabulary and the logits
+            have shape `(num_predicted, vocab_size)`, in row-major order of the labelled positions.
+        """
+        outputs = self.sinebert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        )
+        hidden_states = outputs.last_hidden_state  # (batch, seq, hidden)
+        if labels is not None and self.config.sparse_prediction:
+            labels = labels.reshape(-1)
+            predicted = labels != -100
+            hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])[predicted]  # (num_predicted, hidden)
+            labels = labels[predicted]
+        logits = self.decoder(self.head(hidden_states))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+        return MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class SineBertForSequenceClassification(SineBertPreTrainedModel):
+    """Pools the sequence (`config.classifier_pooling`), then dense + tanh, dropout and a linear classifier."""
+
+    def __init__(self, config: SineBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.sinebert = SineBertModel(config)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def pool(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """`(batch, seq, hidden)` -> `(batch, hidden)`."""
+        if self.config.classifier_pooling == "cls":
+            return hidden_states[:, 0]
+        if attention_mask is None:
+            return hidden_states.mean(dim=1)
+        weights = attention_mask.to(hidden_states.dtype)[..., None]  # (batch, seq, 1)
+        return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> SequenceClassifierOutput:
+        r"""
+        labels: class ids `(batch,)` for single-label, floats `(batch,)` or `(batch, 1)` for regression
+            (`num_labels == 1`), multi-hot floats `(batch, num_labels)` for `problem_type="multi_label_classification"`.
+        """
+        outputs = self.sinebert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        )
+        pooled = torch.tanh(self.dense(self.pool(outputs.last_hidden_state, attention_mask)))
+        logits = self.classifier(self.dropout(pooled))  # (batch, num_labels)
+        loss = self._loss(logits, labels) if labels is not None else None
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.config.problem_type is None:
+            if self.num_labels == 1:
+                self.config.problem_type = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                self.config.problem_type = "single_label_classification"
+            else:
+                self.config.problem_type = "multi_label_classification"
+        if self.config.problem_type == "regression":
+            return F.mse_loss(logits.squeeze(-1).float(), labels.reshape(-1).float())
+        if self.config.problem_type == "single_label_classification":
+            return F.cross_entropy(logits.float(), labels.reshape(-1))
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+class SineBertForTokenClassification(SineBertPreTrainedModel):
+    def __init__(self, config: SineBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.sinebert = SineBertModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> TokenClassifierOutput:
+        r"""labels: tag ids `(batch, seq)`, -100 on positions that are not scored (special tokens, sub-words)."""
+        outputs = self.sinebert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (batch, seq, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, self.num_labels).float(), labels.reshape(-1))
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class SineBertForQuestionAnswering(SineBertPreTrainedModel):
+    """Extractive QA: start and end logits over the tokens. Served by the `extractive-question-answering`
+    pipeline that `import sinebert` registers (transformers 5 removed its own `question-answering` pipeline)."""
+
+    def __init__(self, config: SineBertConfig):
+        super().__init__(config)
+        self.sinebert = SineBertModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Also ships the QA pipeline, so `pipeline("question-answering", model=..., trust_remote_code=True)`
+        serves the checkpoint where sinebert is not installed."""
+        pipeline_file = Path(__file__).with_name("pipeline_sinebert.py")
+        if not pipeline_file.is_file():
+            raise FileNotFoundError(
+                f"{pipeline_file} is missing, so this question-answering checkpoint could not carry its pipeline; "
+                "install sinebert (pip install sinebert) and save again."
+            )
+        self.config.custom_pipelines = {
+            "question-answering": {
+                "impl": "pipeline_sinebert.ExtractiveQuestionAnsweringPipeline",
+                "pt": ["AutoModelForQuestionAnswering"],
+            }
+        }
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            shutil.copyfile(pipeline_file, Path(save_directory) / pipeline_file.name)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> QuestionAnsweringModelOutput:
+        r"""start_positions / end_positions: `(batch,)` token indices of the answer span (0, the [CLS] token, for
+        "no answer"); indices past the sequence are ignored."""
+        outputs = self.sinebert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        )
+        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(-1)  # 2 x (batch, seq)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            seq = start_logits.shape[1]
+            start = start_positions.reshape(-1).clamp(0, seq)  # seq is out of range: ignored below
+            end = end_positions.reshape(-1).clamp(0, seq)
+            loss = (
+                F.cross_entropy(start_logits.float(), start, ignore_index=seq)
+                + F.cross_entropy(end_logits.float(), end, ignore_index=seq)
+            ) / 2
+        return QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits.contiguous(),
+            end_logits=end_logits.contiguous(),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+for _cls, _auto in (
+    (SineBertModel, "AutoModel"),
+    (SineBertForMaskedLM, "AutoModelForMaskedLM"),
+    (SineBertForSequenceClassification, "AutoModelForSequenceClassification"),
+    (SineBertForTokenClassification, "AutoModelForTokenClassification"),
+    (SineBertForQuestionAnswering, "AutoModelForQuestionAnswering"),
+):
+    _cls.register_for_auto_class(_auto)
+
+__all__ = [
+    "SineBertPreTrainedModel",
+    "SineBertModel",
+    "SineBertForMaskedLM",
+    "SineBertForSequenceClassification",
+    "SineBertForTokenClassification",
+    "SineBertForQuestionAnswering",
+]

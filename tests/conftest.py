@@ -1,0 +1,63 @@
+"""Shared fixtures: a tiny config, a tokenizer trained on real text, the shared benchmark data, and a guard that
+fails any test that opens a network connection."""
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Nothing in the suite may reach the internet; loopback (torch.distributed's gloo) stays allowed."""
+    real_connect = socket.socket.connect
+
+    def guarded_connect(sock, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if sock.family == socket.AF_UNIX or host in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+            return real_connect(sock, address)
+        raise RuntimeError(f"test tried to open a network connection to {address!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{SHARED_DATA} (the shared benchmark data) is not beside the project")
+    return SHARED_DATA
+
+
+def tiny_config(**overrides):
+    from sinebert import SineBertConfig
+
+    values = dict(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    values.update(overrides)
+    return SineBertConfig(**values)
+
+
+@pytest.fixture(scope="session")
+def sst2_sentences(shared_data) -> list[str]:
+    lines = (shared_data / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return [line.split("\t")[0] for line in lines[:4000]]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory, sst2_sentences) -> Path:
+    """A WordPiece tokenizer of 600 tokens trained on real SST-2 sentences, saved like the training script does."""
+    from sinebert.training.tokenizer import train_wordpiece
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    train_wordpiece(sst2_sentences, vocab_size=600, min_frequency=2).save_pretrained(path)
+    return path

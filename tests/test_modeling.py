@@ -1,0 +1,321 @@
+"""The model against independent NumPy formulas, and its Hugging Face contract (heads, save/load, options)."""
+
+import numpy as np
+import pytest
+import torch
+
+from sinebert import (
+    SineBertConfig,
+    SineBertForMaskedLM,
+    SineBertForQuestionAnswering,
+    SineBertForSequenceClassification,
+    SineBertForTokenClassification,
+    SineBertModel,
+)
+from sinebert.modeling_sinebert import SineBertAttention, _padding_mask, sinusoidal_encoding
+from tests.conftest import tiny_config
+
+ALL_HEADS = [
+    SineBertModel,
+    SineBertForMaskedLM,
+    SineBertForSequenceClassification,
+    SineBertForTokenClassification,
+    SineBertForQuestionAnswering,
+]
+
+
+def numpy_sinusoids(length: int, dim: int) -> np.ndarray:
+    table = np.zeros((length, dim))
+    for pos in range(length):
+        for i in range(dim):
+            angle = pos / 10000 ** ((i - i % 2) / dim)
+            table[pos, i] = np.sin(angle) if i % 2 == 0 else np.cos(angle)
+    return table
+
+
+def numpy_attention(x, mask, w_qkv, b_qkv, w_out, b_out, heads):
+    """Multi-head attention from the formulas: x (batch, seq, d) float64, mask (batch, seq) of 1/0."""
+    batch, seq, dim = x.shape
+    head_dim = dim // heads
+    q, k, v = np.split(x @ w_qkv.T + b_qkv, 3, axis=-1)
+
+    def split_heads(t):
+        return t.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
+
+    q, k, v = split_heads(q), split_heads(k), split_heads(v)
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)
+    allowed = np.broadcast_to(mask[:, None, None, :].astype(bool), scores.shape)
+    scores = np.where(allowed, scores, -np.inf)
+    row_max = np.max(np.where(allowed, scores, -1e300), axis=-1, keepdims=True)
+    weights = np.where(allowed, np.exp(scores - row_max), 0.0)
+    norm = weights.sum(-1, keepdims=True)
+    weights = np.divide(weights, norm, out=np.zeros_like(weights), where=norm > 0)  # empty rows stay zero
+    out = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, seq, dim)
+    return out @ w_out.T + b_out
+
+
+@pytest.mark.parametrize("dim", [1, 7, 32, 33])
+@pytest.mark.parametrize("length", [0, 1, 50])
+def test_sinusoidal_encoding_matches_formula(dim, length):
+    ours = sinusoidal_encoding(torch.arange(length), dim).numpy()
+    np.testing.assert_allclose(ours, numpy_sinusoids(length, dim), atol=1e-5)
+
+
+def test_positions_past_the_table_are_computed_on_the_fly():
+    model = SineBertModel(tiny_config(max_position_embeddings=8)).eval()
+    far = model.embeddings.position_encoding(torch.tensor([[3, 100, 2000]]), 3)[0].numpy()
+    np.testing.assert_allclose(far, numpy_sinusoids(2001, 32)[[3, 100, 2000]], atol=1e-5)
+    long = model(input_ids=torch.randint(5, 99, (2, 300))).last_hidden_state
+    assert long.shape == (2, 300, 32) and torch.isfinite(long).all()
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("seed", range(4))
+def test_attention_matches_numpy(implementation, seed):
+    rng = np.random.default_rng(seed)
+    heads = int(rng.choice([1, 2, 4]))
+    dim = heads * int(rng.integers(1, 9))
+    batch, seq = int(rng.integers(1, 4)), int(rng.integers(1, 12))
+    config = tiny_config(hidden_size=dim, num_attention_heads=heads)
+    config._attn_implementation = implementation
+    attention = SineBertAttention(config, 0).eval().double()
+    x = rng.standard_normal((batch, seq, dim))
+    mask = (rng.random((batch, seq)) > 0.3).astype(np.int64)
+    mask[0] = 0  # a fully padded row must give zeros, not NaN
+    with torch.no_grad():
+        ours, _ = attention(torch.from_numpy(x), _padding_mask(torch.from_numpy(mask)))
+    params = {n: p.detach().numpy() for n, p in attention.named_parameters()}
+    expected = numpy_attention(
+        x, mask, params["qkv_proj.weight"], params["qkv_proj.bias"], params["out_proj.weight"],
+        params["out_proj.bias"], heads,
+    )
+    expected[0] = params["out_proj.bias"]  # zero attention output, then the output projection's bias
+    np.testing.assert_allclose(ours.numpy(), expected, atol=1e-5)
+
+
+def test_attention_float32_matches_numpy_and_empty_rows_are_zero():
+    config = tiny_config()
+    config._attn_implementation = "sdpa"
+    attention = SineBertAttention(config, 0).eval()
+    x = torch.randn(3, 9, 32)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    mask[2] = 0
+    with torch.no_grad():
+        ours, _ = attention(x, _padding_mask(mask))
+    params = {n: p.detach().double().numpy() for n, p in attention.named_parameters()}
+    expected = numpy_attention(
+        x.double().numpy(), mask.numpy(), params["qkv_proj.weight"], params["qkv_proj.bias"],
+        params["out_proj.weight"], params["out_proj.bias"], 4,
+    )
+    np.testing.assert_allclose(ours.numpy(), expected, atol=1e-5)
+    assert torch.isfinite(ours).all()
+
+
+def _model_pair(cls, **overrides):
+    torch.manual_seed(0)
+    eager = cls(tiny_config(**overrides)).eval()
+    eager.config._attn_implementation = "eager"
+    sdpa = cls(tiny_config(**overrides)).eval()
+    sdpa.load_state_dict(eager.state_dict())
+    sdpa.config._attn_implementation = "sdpa"
+    return eager, sdpa
+
+
+@pytest.mark.parametrize("norm_placement", ["post", "pre"])
+def test_eager_equals_sdpa_on_padded_batches(norm_placement):
+    eager, sdpa = _model_pair(SineBertModel, norm_placement=norm_placement)
+    ids = torch.randint(5, 99, (3, 17))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    mask[2, 3:] = 0
+    with torch.no_grad():
+        a = eager(input_ids=ids, attention_mask=mask).last_hidden_state
+        b = sdpa(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("norm_placement", ["post", "pre"])
+def test_padding_does_not_change_real_tokens(implementation, norm_placement):
+    model = SineBertModel(tiny_config(norm_placement=norm_placement)).eval()
+    model.config._attn_implementation = implementation
+    ids = torch.randint(5, 99, (1, 10))
+    padded = torch.cat([ids, torch.zeros(1, 6, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(1, 10), torch.zeros(1, 6)], dim=1).long()
+    with torch.no_grad():
+        plain = model(input_ids=ids).last_hidden_state
+        with_padding = model(input_ids=padded, attention_mask=mask).last_hidden_state[:, :10]
+    torch.testing.assert_close(plain, with_padding, atol=1e-5, rtol=1e-5)
+
+
+def test_zero_length_input_runs():
+    model = SineBertForMaskedLM(tiny_config()).eval()
+    out = model(input_ids=torch.zeros(2, 0, dtype=torch.long), attention_mask=torch.zeros(2, 0, dtype=torch.long))
+    assert out.logits.shape == (2, 0, 99)
+
+
+def _inputs(batch=2, seq=12):
+    torch.manual_seed(1)
+    ids = torch.randint(5, 99, (batch, seq))
+    mask = torch.ones_like(ids)
+    mask[-1, seq // 2 :] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+def _first_output(model, inputs):
+    with torch.no_grad():
+        return model(**inputs, return_dict=False)[0]
+
+
+@pytest.mark.parametrize("cls", ALL_HEADS)
+def test_save_and_load_round_trip(cls, tmp_path):
+    model = cls(tiny_config(num_labels=3)).eval()
+    model.save_pretrained(tmp_path)
+    loaded = cls.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(
+        loaded.sinebert.embeddings.position_table if cls is not SineBertModel else loaded.embeddings.position_table,
+        sinusoidal_encoding(torch.arange(64), 32),
+    )
+    inputs = _inputs()
+    torch.testing.assert_close(_first_output(model, inputs), _first_output(loaded, inputs), atol=0, rtol=0)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert not list(tmp_path.glob("*.bin"))
+
+
+def test_auto_classes_load_every_head(tmp_path):
+    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    SineBertForMaskedLM(tiny_config()).save_pretrained(tmp_path)
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), SineBertConfig)
+    for auto, cls in (
+        (AutoModel, SineBertModel),
+        (AutoModelForMaskedLM, SineBertForMaskedLM),
+        (AutoModelForSequenceClassification, SineBertForSequenceClassification),
+        (AutoModelForTokenClassification, SineBertForTokenClassification),
+        (AutoModelForQuestionAnswering, SineBertForQuestionAnswering),
+    ):
+        assert type(auto.from_pretrained(tmp_path)) is cls
+
+
+def test_masked_lm_decoder_is_tied_and_sparse_prediction_gives_the_same_loss():
+    model = SineBertForMaskedLM(tiny_config()).eval()
+    assert model.decoder.weight is model.sinebert.embeddings.word_embeddings.weight
+    inputs = _inputs()
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[0, 2], labels[1, 4], labels[0, 7] = 11, 12, 13
+    with torch.no_grad():
+        dense = model(**inputs, labels=labels)
+        model.config.sparse_prediction = True
+        sparse = model(**inputs, labels=labels)
+        unlabelled = model(**inputs)
+    assert dense.logits.shape == (2, 12, 99) and sparse.logits.shape == (3, 99)
+    assert unlabelled.logits.shape == (2, 12, 99)
+    torch.testing.assert_close(dense.loss, sparse.loss)
+    torch.testing.assert_close(sparse.logits, dense.logits[labels != -100])
+
+
+def test_sequence_classification_problem_types():
+    inputs = _inputs()
+    regression = SineBertForSequenceClassification(tiny_config(num_labels=1))
+    assert regression(**inputs, labels=torch.tensor([0.5, 1.5])).loss > 0
+    assert regression.config.problem_type == "regression"
+    single = SineBertForSequenceClassification(tiny_config(num_labels=3))
+    assert single(**inputs, labels=torch.tensor([0, 2])).loss > 0
+    assert single.config.problem_type == "single_label_classification"
+    multi = SineBertForSequenceClassification(tiny_config(num_labels=3, problem_type="multi_label_classification"))
+    assert multi(**inputs, labels=torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])).loss > 0
+
+
+def test_mean_pooling_ignores_padding():
+    model = SineBertForSequenceClassification(tiny_config(classifier_pooling="mean")).eval()
+    ids = torch.randint(5, 99, (1, 8))
+    padded = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(1, 8), torch.zeros(1, 4)], dim=1).long()
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, model(input_ids=padded, attention_mask=mask).logits)
+
+
+def test_question_answering_loss_ignores_out_of_range_positions():
+    model = SineBertForQuestionAnswering(tiny_config())
+    inputs = _inputs()
+    loss = model(**inputs, start_positions=torch.tensor([1, 50]), end_positions=torch.tensor([3, 50])).loss
+    assert torch.isfinite(loss)
+
+
+def test_hidden_states_attentions_and_tuples():
+    model = SineBertModel(tiny_config()).eval()
+    inputs = _inputs()
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        model(**inputs, output_attentions=True)
+    model.config._attn_implementation = "eager"
+    out = model(**inputs, output_attentions=True, output_hidden_states=True)
+    assert len(out.hidden_states) == 3 and len(out.attentions) == 2
+    assert out.attentions[0].shape == (2, 4, 12, 12)
+    real = inputs["attention_mask"].bool()
+    torch.testing.assert_close(out.attentions[0].sum(-1)[real[:, None, :].expand(-1, 4, -1)], torch.ones(2 * 4 * 12 - 4 * 6))
+    as_tuple = model(**inputs, return_dict=False)
+    assert isinstance(as_tuple, tuple)
+    torch.testing.assert_close(as_tuple[0], out.last_hidden_state)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    model = SineBertForMaskedLM(tiny_config()).train()
+    inputs = _inputs()
+    labels = inputs["input_ids"].clone()
+
+    def grads():
+        model.zero_grad()
+        model(**inputs, labels=labels).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    model.activation_checkpointing_enable()
+    assert model.sinebert.layers[0].gradient_checkpointing
+    checkpointed = grads()
+    model.activation_checkpointing_disable()
+    with pytest.warns(FutureWarning):
+        model.gradient_checkpointing_enable()  # the transformers 4 name keeps working
+    assert model.sinebert.layers[0].gradient_checkpointing
+    assert plain.keys() == checkpointed.keys()
+    for name in plain:
+        torch.testing.assert_close(plain[name], checkpointed[name], atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_autocast_forward_and_backward_on_cpu():
+    model = SineBertForMaskedLM(tiny_config()).train()
+    inputs = _inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(**inputs, labels=inputs["input_ids"])
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "shown"),
+    [
+        (dict(hidden_size=30, num_attention_heads=4), "hidden_size=30"),
+        (dict(hidden_dropout_prob=1.0), "1.0"),
+        (dict(attention_probs_dropout_prob=-0.1), "-0.1"),
+        (dict(classifier_dropout=1.5), "1.5"),
+        (dict(norm_placement="middle"), "middle"),
+        (dict(classifier_pooling="max"), "max"),
+        (dict(hidden_act="swishy"), "swishy"),
+        (dict(num_hidden_layers=0), "num_hidden_layers"),
+        (dict(vocab_size=-5), "-5"),
+        (dict(intermediate_size=0), "intermediate_size"),
+        (dict(pad_token_id=500), "500"),
+    ],
+)
+def test_invalid_configurations_raise(overrides, shown):
+    with pytest.raises(ValueError, match=shown):
+        tiny_config(**overrides)
+
+
+def test_out_of_range_token_ids_get_a_clear_error():
+    model = SineBertModel(tiny_config())
+    with pytest.raises(ValueError, match="contains 120, outside \\[0, 99\\)"):
+        model(input_ids=torch.tensor([[1, 120]]))

@@ -1,0 +1,145 @@
+"""Every head served by `pipeline(...)` on a tiny saved model with a real tokenizer, in this process (package
+imported) and in a fresh process that cannot import sinebert (`trust_remote_code=True`)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoTokenizer, pipeline
+
+import sinebert  # noqa: F401  (registers the Auto classes and the QA pipeline)
+from sinebert import (
+    SineBertForMaskedLM,
+    SineBertForQuestionAnswering,
+    SineBertForSequenceClassification,
+    SineBertForTokenClassification,
+    SineBertModel,
+)
+from tests.conftest import ROOT, tiny_config
+
+HEADS = {
+    "AutoModel": SineBertModel,
+    "AutoModelForMaskedLM": SineBertForMaskedLM,
+    "AutoModelForSequenceClassification": SineBertForSequenceClassification,
+    "AutoModelForTokenClassification": SineBertForTokenClassification,
+    "AutoModelForQuestionAnswering": SineBertForQuestionAnswering,
+}
+CONTEXT = "the film was written by maria and shot in the old harbour of the city during a cold winter ."
+
+
+@pytest.fixture(scope="module")
+def saved_heads(tmp_path_factory, tokenizer_dir):
+    """One saved folder per head, each with the tokenizer, like the training scripts write them."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    labels = {"id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
+    tags = {"id2label": {0: "O", 1: "B-PER", 2: "I-PER"}, "label2id": {"O": 0, "B-PER": 1, "I-PER": 2}}
+    extra = {"AutoModelForSequenceClassification": labels, "AutoModelForTokenClassification": tags}
+    folders = {}
+    for auto, cls in HEADS.items():
+        torch.manual_seed(0)
+        model = cls(tiny_config(vocab_size=len(tokenizer), max_position_embeddings=32, **extra.get(auto, {})))
+        folders[auto] = tmp_path_factory.mktemp(auto)
+        model.save_pretrained(folders[auto])
+        tokenizer.save_pretrained(folders[auto])
+    return folders
+
+
+def test_fill_mask(saved_heads):
+    fill = pipeline("fill-mask", model=str(saved_heads["AutoModelForMaskedLM"]))
+    results = fill("the movie was [MASK] .", top_k=3)
+    assert len(results) == 3 and all("[MASK]" not in r["sequence"] for r in results)
+    assert results[0]["score"] >= results[1]["score"] >= results[2]["score"]
+
+
+def test_text_classification(saved_heads):
+    classify = pipeline("text-classification", model=str(saved_heads["AutoModelForSequenceClassification"]))
+    result = classify("a gorgeous , witty , seductive movie .")[0]
+    assert result["label"] in ("negative", "positive") and 0.0 <= result["score"] <= 1.0
+
+
+def test_token_classification(saved_heads):
+    tag = pipeline("token-classification", model=str(saved_heads["AutoModelForTokenClassification"]))
+    entities = tag("maria went to the city")
+    assert all(e["entity"] in ("O", "B-PER", "I-PER") for e in entities)
+
+
+def test_feature_extraction(saved_heads):
+    extract = pipeline("feature-extraction", model=str(saved_heads["AutoModel"]))
+    features = extract("a short sentence")
+    tokens = len(AutoTokenizer.from_pretrained(saved_heads["AutoModel"])("a short sentence")["input_ids"])
+    assert len(features[0]) == tokens and len(features[0][0]) == 32
+
+
+def test_extractive_question_answering_spans_long_contexts(saved_heads):
+    qa = pipeline("extractive-question-answering", model=str(saved_heads["AutoModelForQuestionAnswering"]))
+    long_context = " ".join([CONTEXT] * 4)  # about 90 tokens: several windows of 32 tokens
+    answer = qa(question="who wrote the film ?", context=long_context, doc_stride=8, max_answer_len=5, max_seq_len=32)
+    assert set(answer) == {"score", "start", "end", "answer"}
+    assert long_context[answer["start"] : answer["end"]] == answer["answer"] and answer["answer"]
+    top = qa({"question": "where was it shot ?", "context": CONTEXT}, top_k=3)
+    assert len(top) == 3 and top[0]["score"] >= top[1]["score"] >= top[2]["score"]
+    assert len({(t["start"], t["end"]) for t in top}) == 3
+    batch = qa(question=["who ?", "where ?"], context=[CONTEXT, CONTEXT])
+    assert isinstance(batch, list) and len(batch) == 2
+    with pytest.raises(ValueError, match="doc_stride=30"):
+        qa(question="who wrote the film ?", context=long_context, doc_stride=30, max_seq_len=32)
+
+
+def test_question_answering_without_the_package_via_remote_code(saved_heads, tmp_path):
+    folder = saved_heads["AutoModelForQuestionAnswering"]
+    expected = pipeline("extractive-question-answering", model=str(folder))(question="who wrote it ?", context=CONTEXT)
+    script = f"""
+        import sys, json
+        sys.modules["sinebert"] = None  # the package must not be importable here
+        from transformers import pipeline
+        qa = pipeline("question-answering", model={str(folder)!r}, trust_remote_code=True)
+        print(json.dumps(qa(question="who wrote it ?", context={CONTEXT!r})))
+    """
+    result = _run_without_package(script, tmp_path)
+    answer = json.loads(result.strip().splitlines()[-1])
+    assert answer["answer"] == expected["answer"] and answer["start"] == expected["start"]
+    assert answer["score"] == pytest.approx(expected["score"], rel=1e-5)
+
+
+def test_every_head_loads_without_the_package_via_remote_code(saved_heads, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(saved_heads["AutoModel"])
+    inputs = tokenizer(["a fine film", "the plot of the film is thin and dull"], padding=True, return_tensors="pt")
+    expected = {}
+    for auto, folder in saved_heads.items():
+        model = HEADS[auto].from_pretrained(folder).eval()
+        with torch.no_grad():
+            expected[auto] = model(**inputs, return_dict=False)[0].contiguous()
+    save_file({k: v for k, v in inputs.items()}, str(tmp_path / "inputs.safetensors"))
+    save_file(expected, str(tmp_path / "expected.safetensors"))
+    folders = {auto: str(folder) for auto, folder in saved_heads.items()}
+    script = f"""
+        import sys
+        sys.modules["sinebert"] = None
+        import torch, transformers
+        from safetensors.torch import load_file
+        inputs = load_file({str(tmp_path / "inputs.safetensors")!r})
+        expected = load_file({str(tmp_path / "expected.safetensors")!r})
+        for auto, folder in {folders!r}.items():
+            model = getattr(transformers, auto).from_pretrained(folder, trust_remote_code=True).eval()
+            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            with torch.no_grad():
+                out = model(**inputs, return_dict=False)[0]
+            torch.testing.assert_close(out, expected[auto], atol=0, rtol=0)
+            print("ok", auto)
+    """
+    output = _run_without_package(script, tmp_path)
+    assert output.count("ok ") == len(HEADS)
+
+
+def _run_without_package(script: str, cwd) -> str:
+    """Run `script` in a fresh interpreter whose working directory is not the project."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(cwd / "hf_home"), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
