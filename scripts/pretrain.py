@@ -1,0 +1,139 @@
+"""Pretrain sinebert with masked language modelling.
+
+    accelerate launch scripts/pretrain.py --train_file corpus/*.txt --tokenizer_name runs/tokenizer \
+        --output_dir runs/pretrain --max_seq_length 128 --per_device_train_batch_size 32 --max_train_steps 2000
+
+Arguments follow Hugging Face's run_mlm_no_trainer.py; any of them can also come from --config_file (YAML/JSON).
+"""
+
+import argparse
+from functools import partial
+
+import torch
+from transformers import AutoModelForMaskedLM
+
+import sinebert  # noqa: F401  (registers the Auto classes)
+from sinebert.training.arguments import (
+    add_data_arguments,
+    add_model_arguments,
+    add_training_arguments,
+    parse_with_config_file,
+)
+from sinebert.training.data import hold_out_validation, load_splits, pick_column
+from sinebert.training.errors import run_cli
+from sinebert.training.loop import Task, Trainer, save_final, setup_accelerator, shutdown
+from sinebert.training.mlm import MaskingCollator, StreamingBlocks, evaluate_mlm, masked_token_count, pack_dataset
+from sinebert.training.models import add_size_arguments, load_pretrained, load_tokenizer
+from sinebert.training.reporting import write_model_card
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_arguments(parser)
+    add_model_arguments(parser)
+    add_size_arguments(parser)
+    add_training_arguments(parser, learning_rate=5e-4, batch_size=32, epochs=1)
+    group = parser.add_argument_group("masked language modelling")
+    group.add_argument("--max_seq_length", type=int, default=128, help="Tokens per packed block.")
+    group.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens to mask.")
+    group.add_argument("--text_column_name", help="Column of csv/json data holding the text (default: 'text').")
+    group.add_argument("--streaming", action="store_true", help="Stream data larger than memory.")
+    group.add_argument(
+        "--streaming_validation_examples", type=int, default=1000,
+        help="With --streaming and no validation data: hold out this many leading examples.",
+    )
+    return parse_with_config_file(parser, argv)
+
+
+def load_blocks(args, accelerator, tokenizer):
+    """Packed train and validation blocks; streamed data stays lazy and is split between processes."""
+    splits = load_splits(args, streaming=args.streaming)
+    text_column = pick_column(
+        list(splits["train"].column_names or ["text"]), args.text_column_name, ("text", "sentence", "content"),
+        "--text_column_name", "text",
+    )
+    if args.streaming:
+        train = splits["train"]
+        validation = splits.get("validation")
+        if validation is None:
+            validation = train.take(args.streaming_validation_examples)
+            train = train.skip(args.streaming_validation_examples)
+        if args.max_eval_samples:
+            validation = validation.take(args.max_eval_samples)
+        # Validation is small: materialise it so every process evaluates the same, evenly sharded blocks.
+        validation = pack_dataset(_materialise(validation), tokenizer, args.max_seq_length, text_column)
+        train = pack_dataset(train, tokenizer, args.max_seq_length, text_column)
+        return StreamingBlocks(train, accelerator.process_index, accelerator.num_processes), validation
+    splits = hold_out_validation(splits, args.validation_split_percentage, args.seed)
+    with accelerator.main_process_first():
+        blocks = {
+            name: pack_dataset(split, tokenizer, args.max_seq_length, text_column, args.preprocessing_num_workers)
+            for name, split in splits.items()
+            if name in ("train", "validation")
+        }
+    if args.max_train_samples:
+        blocks["train"] = blocks["train"].select(range(min(args.max_train_samples, len(blocks["train"]))))
+    if args.max_eval_samples:
+        blocks["validation"] = blocks["validation"].select(range(min(args.max_eval_samples, len(blocks["validation"]))))
+    return blocks["train"], blocks["validation"]
+
+
+def _materialise(iterable):
+    from datasets import Dataset
+
+    return Dataset.from_list(list(iterable))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    accelerator = setup_accelerator(args)
+    tokenizer = load_tokenizer(args)
+    model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
+    train_blocks, validation_blocks = load_blocks(args, accelerator, tokenizer)
+
+    collator = MaskingCollator(tokenizer, args.mlm_probability, seed=args.seed)
+    train_dataloader = torch.utils.data.DataLoader(
+        train_blocks, batch_size=args.per_device_train_batch_size, shuffle=not args.streaming, collate_fn=collator,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    eval_dataloader = accelerator.prepare(torch.utils.data.DataLoader(
+        validation_blocks, batch_size=args.per_device_eval_batch_size or args.per_device_train_batch_size,
+        collate_fn=MaskingCollator(tokenizer, args.mlm_probability, seed=args.seed, epoch=None),
+    ))
+    task = Task(
+        count=masked_token_count,
+        evaluate=partial(evaluate_mlm, dataloader=eval_dataloader, accelerator=accelerator),
+        main_metric="eval_loss",
+        plot_metrics=("eval_accuracy",),
+    )
+    trainer = Trainer(args, accelerator, model, train_dataloader, task, streaming=args.streaming, evaluate_first=True)
+    results = trainer.fit()
+    trainer.plot("sinebert masked-language-model pretraining")
+    model = trainer.unwrapped_model()
+    save_final(accelerator, model, tokenizer, args.output_dir, results)
+    if accelerator.is_main_process:
+        write_model_card(
+            f"{args.output_dir}/README.md",
+            title="sinebert (masked-language-model pretrained)",
+            summary="A sinebert encoder pretrained with masked language modelling by `scripts/pretrain.py`.",
+            usage=f'import sinebert\nfrom transformers import pipeline\n\nfill = pipeline("fill-mask", '
+                  f'model="{args.output_dir}")\nfill("the capital of france is {tokenizer.mask_token} .")',
+            results=results,
+            details={
+                "data": args.dataset_name or ", ".join(args.train_file or []),
+                "size": f"hidden {model.config.hidden_size}, {model.config.num_hidden_layers} layers, "
+                        f"{model.config.num_attention_heads} heads, FFN {model.config.intermediate_size}, "
+                        f"vocabulary {model.config.vocab_size}",
+                "steps": f"{results['train_steps']} of batch {args.per_device_train_batch_size} x "
+                         f"{accelerator.num_processes} processes x {args.gradient_accumulation_steps} accumulation",
+                "sequence length": args.max_seq_length,
+                "masking": f"{args.mlm_probability:.0%} of tokens (80% [MASK], 10% random, 10% unchanged)",
+                "learning rate": f"{args.learning_rate} ({args.lr_scheduler_type} schedule)",
+                "mixed precision": accelerator.mixed_precision,
+            },
+        )
+    shutdown(accelerator, trainer, model)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,140 @@
+"""Command-line arguments shared by the scripts, named as in Hugging Face's `*_no_trainer.py` examples.
+
+Any argument can also come from a YAML or JSON file given with `--config_file`; values on the command line win.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+
+
+def _steps_or_epoch(value: str):
+    if value in (None, "epoch"):
+        return value
+    try:
+        steps = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of steps or 'epoch', got {value!r}") from None
+    if steps <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of steps, got {steps}")
+    return steps
+
+
+def add_data_arguments(parser: argparse.ArgumentParser):
+    group = parser.add_argument_group("data")
+    group.add_argument("--dataset_name", help="A dataset on the Hugging Face hub (needs a network).")
+    group.add_argument("--dataset_config_name", help="The hub dataset's configuration name.")
+    group.add_argument("--train_file", nargs="+", help="Local training files (txt, csv, tsv, json, jsonl); globs work.")
+    group.add_argument("--validation_file", nargs="+", help="Local validation files, as --train_file.")
+    group.add_argument(
+        "--validation_split_percentage", type=float, default=5.0,
+        help="Percent of the training data held out for validation when no validation split is given.",
+    )
+    group.add_argument("--encoding", default="utf-8", help="Text encoding of local files.")
+    group.add_argument("--max_train_samples", type=int, help="Keep only this many training examples (for quick runs).")
+    group.add_argument("--max_eval_samples", type=int, help="Keep only this many evaluation examples.")
+    group.add_argument("--preprocessing_num_workers", type=int, help="Processes for tokenisation.")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser):
+    group = parser.add_argument_group("model")
+    group.add_argument("--model_name_or_path", help="A pretrained checkpoint folder (or hub name) to start from.")
+    group.add_argument("--config_name", help="A config file or folder for a model trained from scratch.")
+    group.add_argument("--tokenizer_name", help="A tokenizer folder (or hub name); defaults to --model_name_or_path.")
+    group.add_argument("--trust_remote_code", action="store_true", help="Allow hub checkpoints that ship code.")
+    group.add_argument(
+        "--attn_implementation", choices=("sdpa", "eager"), default=None,
+        help="Attention kernel: sdpa (default, fast) or eager (the reference, returns attention weights).",
+    )
+
+
+def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: float, batch_size: int, epochs: float):
+    group = parser.add_argument_group("training")
+    group.add_argument("--output_dir", required=True, help="Where checkpoints, logs and the final model go.")
+    group.add_argument("--overwrite_output_dir", action="store_true", help="Replace a different run in --output_dir.")
+    group.add_argument("--seed", type=int, default=42)
+    group.add_argument("--per_device_train_batch_size", type=int, default=batch_size)
+    group.add_argument("--per_device_eval_batch_size", type=int, default=None, help="Defaults to the train batch size.")
+    group.add_argument("--learning_rate", type=float, default=learning_rate)
+    group.add_argument("--weight_decay", type=float, default=0.01, help="AdamW decay; never on biases or LayerNorms.")
+    group.add_argument("--adam_beta1", type=float, default=0.9)
+    group.add_argument("--adam_beta2", type=float, default=0.999)
+    group.add_argument("--adam_epsilon", type=float, default=1e-8)
+    group.add_argument("--num_train_epochs", type=float, default=epochs)
+    group.add_argument("--max_train_steps", type=int, help="Total optimizer steps; overrides --num_train_epochs.")
+    group.add_argument("--max_train_minutes", type=float, help="Stop (and save) after this much training time.")
+    group.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    group.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping; 0 disables it.")
+    group.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="linear")
+    group.add_argument("--num_warmup_steps", type=int, default=None, help="Warmup steps (default: --warmup_ratio).")
+    group.add_argument("--warmup_ratio", type=float, default=0.06, help="Warmup as a fraction of all steps.")
+    group.add_argument(
+        "--mixed_precision", choices=("no", "bf16", "fp16"), default=None,
+        help="Overrides the accelerate launcher's setting; bf16 works on CPU and GPU.",
+    )
+    group.add_argument("--gradient_checkpointing", action="store_true", help="Trade compute for activation memory.")
+    group.add_argument("--torch_compile", action="store_true", help="Compile the model with torch.compile.")
+    group.add_argument(
+        "--checkpointing_steps", type=_steps_or_epoch, default=None,
+        help="Save a resumable checkpoint every N optimizer steps, or 'epoch'.",
+    )
+    group.add_argument("--checkpoints_total_limit", type=int, default=2, help="Keep only the newest K checkpoints.")
+    group.add_argument("--resume_from_checkpoint", help="A checkpoint folder, or 'latest' in --output_dir.")
+    group.add_argument(
+        "--resume_fallback", action="store_true",
+        help="If the checkpoint to resume from is damaged, resume from the newest intact one before it.",
+    )
+    group.add_argument(
+        "--nonfinite_loss", choices=("stop", "skip"), default="stop",
+        help="On a NaN/Inf loss: stop with the last good checkpoint kept, or skip that batch's update.",
+    )
+    group.add_argument("--eval_steps", type=int, help="Evaluate every N optimizer steps (also at each epoch's end).")
+    group.add_argument("--logging_steps", type=int, default=10, help="Log the training loss every N steps.")
+    group.add_argument("--with_tracking", action="store_true", help="Also log to accelerate trackers (--report_to).")
+    group.add_argument("--report_to", default="all", help="Tracker names for --with_tracking, as in accelerate.")
+    group.add_argument("--trace_data", action="store_true", help="Write the token ids each process trained on.")
+
+
+def parse_with_config_file(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse `argv`, taking defaults from `--config_file` (YAML or JSON) when given.
+
+    Unknown keys in the file are an error that lists the valid ones.
+    """
+    parser.add_argument("--config_file", help="YAML or JSON file of arguments; command-line values win.")
+    known, _ = parser.parse_known_args(argv)
+    if known.config_file:
+        values = read_config_file(known.config_file)
+        valid = {action.dest for action in parser._actions if action.dest not in ("help", "config_file")}
+        unknown = sorted(set(values) - valid)
+        if unknown:
+            parser.error(
+                f"{known.config_file} has unknown keys {unknown}; valid keys are: {', '.join(sorted(valid))}."
+            )
+        for action in parser._actions:
+            if action.dest not in values:
+                continue
+            if action.choices is not None and values[action.dest] not in action.choices:
+                parser.error(
+                    f"{known.config_file}: {action.dest}={values[action.dest]!r} is not one of {list(action.choices)}."
+                )
+            action.required = False
+        parser.set_defaults(**values)
+    return parser.parse_args(argv)
+
+
+def read_config_file(path: str) -> dict:
+    file = Path(path)
+    if not file.is_file():
+        raise SystemExit(f"error: --config_file {path} does not exist.")
+    text = file.read_text(encoding="utf-8")
+    try:
+        values = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as error:
+        raise SystemExit(f"error: --config_file {path} is not valid {file.suffix.lstrip('.').upper()}: {error}")
+    if not isinstance(values, dict):
+        raise SystemExit(f"error: --config_file {path} must hold a mapping of argument names to values.")
+    return values

@@ -1,0 +1,160 @@
+"""Resumable checkpoints that a killed process or a full disk cannot corrupt.
+
+A checkpoint is written into a hidden temporary folder, given a manifest (size and SHA-256 of every file), and
+only then renamed to `checkpoints/step_XXXXXXXX`; the rename is atomic, so a folder with that name is always
+complete. Old checkpoints are removed only after a new one is in place.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from accelerate import Accelerator
+
+MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer_state.json"
+PREFIX = "step_"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, damaged, or could not be written."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointManager:
+    """Saves, lists, verifies and loads the checkpoints under `output_dir/checkpoints`."""
+
+    def __init__(self, accelerator: Accelerator, output_dir: str | Path, total_limit: int | None = 2):
+        self.accelerator = accelerator
+        self.root = Path(output_dir) / "checkpoints"
+        self.total_limit = total_limit
+
+    def path_for(self, step: int) -> Path:
+        return self.root / f"{PREFIX}{step:08d}"
+
+    def complete(self) -> list[Path]:
+        """Finished checkpoints, oldest first (temporary folders of interrupted saves are never listed)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+
+    def save(self, step: int, trainer_state: dict) -> Path:
+        """Write the accelerator state (model, optimizer, scheduler, RNG) and `trainer_state` for `step`."""
+        accelerator = self.accelerator
+        final = self.path_for(step)
+        temporary = self.root / f".tmp-{final.name}"
+        if accelerator.is_main_process:
+            shutil.rmtree(temporary, ignore_errors=True)
+            temporary.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        try:
+            accelerator.save_state(str(temporary), safe_serialization=True)
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                (temporary / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+                manifest = {
+                    p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+                    for p in sorted(temporary.iterdir())
+                    if p.is_file()
+                }
+                (temporary / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=1))
+                for file in temporary.iterdir():
+                    with file.open("rb") as handle:
+                        os.fsync(handle.fileno())
+                if final.exists():  # a stale checkpoint of the same step from an earlier run of this folder
+                    shutil.rmtree(final)
+                os.replace(temporary, final)
+                _fsync_dir(self.root)
+        except OSError as error:
+            if accelerator.is_main_process:
+                shutil.rmtree(temporary, ignore_errors=True)
+            previous = [p.name for p in self.complete() if p != final]
+            kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+            reason = "the disk is full" if error.errno == errno.ENOSPC else f"the write failed ({error})"
+            raise CheckpointError(
+                f"Could not write checkpoint {final} because {reason}; {kept}. Free space or choose another "
+                "--output_dir, then resume with --resume_from_checkpoint latest."
+            ) from error
+        accelerator.wait_for_everyone()
+        self._prune()
+        return final
+
+    def _prune(self):
+        if self.accelerator.is_main_process and self.total_limit:
+            for old in self.complete()[: -self.total_limit]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+
+    def verify(self, path: Path):
+        """Raise CheckpointError naming the first missing, truncated or altered file of checkpoint `path`."""
+        manifest_file = path / MANIFEST
+        if not manifest_file.is_file():
+            raise CheckpointError(f"{manifest_file} is missing, so checkpoint {path} is incomplete or not ours.")
+        try:
+            files = json.loads(manifest_file.read_text())["files"]
+        except (json.JSONDecodeError, KeyError) as error:
+            raise CheckpointError(f"{manifest_file} is damaged ({error}); checkpoint {path} cannot be trusted.")
+        for name, expected in files.items():
+            file = path / name
+            if not file.is_file():
+                raise CheckpointError(f"{file} is missing from checkpoint {path}.")
+            if file.stat().st_size != expected["size"]:
+                raise CheckpointError(
+                    f"{file} has {file.stat().st_size} bytes but was written with {expected['size']}: it is truncated "
+                    "or damaged."
+                )
+            if _sha256(file) != expected["sha256"]:
+                raise CheckpointError(f"{file} does not match the checksum it was written with: it is damaged.")
+
+    def resolve(self, requested: str, fallback: bool = False) -> Path:
+        """The checkpoint folder to resume from: a path, or 'latest'. Damaged ones raise CheckpointError, or with
+        `fallback` are skipped in favour of the newest intact one before them."""
+        if requested == "latest":
+            candidates = self.complete()
+            if not candidates:
+                raise CheckpointError(
+                    f"--resume_from_checkpoint latest found no checkpoint in {self.root}; start without it, or point "
+                    "it at a checkpoint folder."
+                )
+        else:
+            path = Path(requested)
+            if not path.is_dir():
+                raise CheckpointError(f"--resume_from_checkpoint {requested} is not a folder.")
+            candidates = [p for p in self.complete() if p.resolve() < path.resolve()] + [path]
+        errors = []
+        for candidate in reversed(candidates):
+            try:
+                self.verify(candidate)
+                return candidate
+            except CheckpointError as error:
+                if not fallback:
+                    raise CheckpointError(
+                        f"{error} Resume from an earlier checkpoint, or pass --resume_fallback to use the newest "
+                        "intact one."
+                    ) from None
+                errors.append(str(error))
+                self.accelerator.print(f"Skipping damaged checkpoint: {error}")
+        raise CheckpointError("No intact checkpoint to resume from: " + " ".join(errors))
+
+    def load(self, path: Path) -> dict:
+        """Restore the accelerator state from `path`; returns its trainer state."""
+        self.accelerator.load_state(str(path))
+        return json.loads((path / TRAINER_STATE).read_text())

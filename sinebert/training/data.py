@@ -1,0 +1,110 @@
+"""Loading data with `datasets`: local files (globs, several types), hub datasets, streaming; and clear errors for
+files that are missing, empty, of an unknown type or in another encoding."""
+
+import glob
+from pathlib import Path
+
+import datasets
+from datasets import DatasetDict, IterableDatasetDict, load_dataset
+
+from .errors import UserError
+
+FILE_TYPES = {".txt": "text", ".text": "text", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
+
+
+def expand_files(patterns: list[str] | None, flag: str) -> list[str]:
+    """Expand globs; every file must exist and hold data."""
+    files = []
+    for pattern in patterns or []:
+        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            raise UserError(f"{flag} {pattern!r} matched no file; check the path (and quote globs).")
+        for match in matches:
+            path = Path(match)
+            if not path.is_file():
+                raise UserError(f"{flag} {match} does not exist or is not a file.")
+            if path.stat().st_size == 0:
+                raise UserError(f"{flag} {match} is empty; remove it from {flag} or give a file with data.")
+            files.append(str(path))
+    return files
+
+
+def file_type(files: list[str], flag: str) -> str:
+    """The `datasets` builder for `files`: text, csv or json (all files of one type)."""
+    kinds = set()
+    for file in files:
+        suffix = Path(file).suffix.lower()
+        if suffix not in FILE_TYPES:
+            raise UserError(
+                f"{flag} {file} has the extension {suffix or '(none)'!r}; use .txt, .csv, .tsv, .json or .jsonl."
+            )
+        kinds.add(FILE_TYPES[suffix])
+    if len(kinds) > 1:
+        raise UserError(f"{flag} mixes file types {sorted(kinds)}; give files of one type.")
+    return kinds.pop()
+
+
+def load_splits(args, streaming: bool = False) -> DatasetDict | IterableDatasetDict:
+    """`train` (and `validation` when given) from --dataset_name or --train_file/--validation_file."""
+    if args.dataset_name:
+        return load_dataset(args.dataset_name, args.dataset_config_name, streaming=streaming,
+                            trust_remote_code=getattr(args, "trust_remote_code", False) or None)
+    train_files = expand_files(args.train_file, "--train_file")
+    if not train_files:
+        raise UserError("Give training data with --train_file (local files) or --dataset_name (a hub dataset).")
+    data_files = {"train": train_files}
+    validation_files = expand_files(args.validation_file, "--validation_file")
+    if validation_files:
+        data_files["validation"] = validation_files
+    all_files = train_files + validation_files
+    builder = file_type(all_files, "--train_file/--validation_file")
+    options = {"encoding": args.encoding}
+    if builder == "csv" and all(f.lower().endswith(".tsv") for f in all_files):
+        options["sep"] = "\t"
+    check_encoding(all_files, args.encoding)
+    try:
+        return load_dataset(builder, data_files=data_files, streaming=streaming, **options)
+    except datasets.exceptions.DatasetGenerationError as error:
+        cause = error.__cause__ or error
+        raise UserError(f"Could not read {', '.join(all_files)} as {builder}: {cause}") from error
+
+
+def check_encoding(files: list[str], encoding: str, sample_bytes: int = 64 << 20):
+    """Fail early, naming the file and line, when a file is not in `encoding` (the first 64 MiB are checked)."""
+    for file in files:
+        with open(file, "rb") as handle:
+            data = handle.read(sample_bytes)
+        try:
+            data.decode(encoding)
+        except UnicodeDecodeError as error:
+            if error.start >= len(data) - 4 and len(data) == sample_bytes:
+                continue  # a multi-byte character cut by the sample's end
+            line = data.count(b"\n", 0, error.start) + 1
+            raise UserError(
+                f"{file} line {line} is not valid {encoding} (byte 0x{data[error.start]:02x}); pass --encoding with "
+                "the file's encoding (e.g. latin-1) or convert the file to UTF-8."
+            ) from None
+        except LookupError:
+            raise UserError(f"--encoding {encoding!r} is not an encoding Python knows.") from None
+
+
+def pick_column(column_names: list[str], requested: str | None, preferred: tuple[str, ...], flag: str, role: str) -> str:
+    """The column named by `flag`, else the first of `preferred` present; errors list the columns there are."""
+    if requested:
+        if requested not in column_names:
+            raise UserError(f"{flag} {requested!r} is not a column of the data; its columns are {column_names}.")
+        return requested
+    for name in preferred:
+        if name in column_names:
+            return name
+    raise UserError(f"Found no {role} column among {column_names}; name it with {flag}.")
+
+
+def hold_out_validation(splits: DatasetDict, percentage: float, seed: int) -> DatasetDict:
+    """Split `percentage`% of `train` off as `validation` when the data has no validation split."""
+    if "validation" in splits:
+        return splits
+    if not 0 < percentage < 100:
+        raise UserError(f"--validation_split_percentage must be in (0, 100), got {percentage}.")
+    held = splits["train"].train_test_split(test_size=percentage / 100, seed=seed, shuffle=True)
+    return DatasetDict(train=held["train"], validation=held["test"])

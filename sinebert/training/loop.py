@@ -1,0 +1,436 @@
+"""The training machinery every script shares: Accelerator set-up, AdamW and its schedule, the step loop with exact
+resumption, evaluation, logging and checkpoints.
+
+Randomness is a function of the position in training, never of how the run got there: data order is seeded per
+epoch, masking per example (in the collators) and dropout per micro-batch, so a resumed run replays exactly what
+an uninterrupted one would have done.
+"""
+
+import gc
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from .checkpoint import CheckpointManager
+from .errors import UserError
+from .reporting import MetricsLog, plot_curves, write_json
+
+
+@dataclass
+class Task:
+    """What a script plugs into the loop.
+
+    count: number of loss terms in a micro-batch (masked tokens, labelled tokens, examples); the loss is averaged
+        over all terms of an optimizer step across micro-batches and processes, so accumulation and data
+        parallelism give the same update as one large batch.
+    evaluate: runs on every process with the prepared model and returns metrics named `eval_*`.
+    """
+
+    count: Callable[[dict], int]
+    evaluate: Callable[[nn.Module], dict] | None = None
+    main_metric: str = "eval_loss"
+    greater_is_better: bool = False
+    early_stopping_patience: int | None = None
+    plot_metrics: tuple[str, ...] = ()
+
+
+@dataclass
+class TrainerState:
+    """Saved with every checkpoint as JSON: where training stands."""
+
+    step: int = 0
+    tokens: int = 0
+    training_seconds: float = 0.0
+    best_metric: float | None = None
+    evaluations_without_improvement: int = 0
+    history: list[dict] = field(default_factory=list)
+
+
+def setup_accelerator(args) -> Accelerator:
+    """Create the Accelerator first (as every script must), seed, and claim the output folder."""
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision,
+        log_with=args.report_to if args.with_tracking else None,
+        project_dir=args.output_dir,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
+    )
+    set_seed(args.seed)
+    claim_output_dir(args, accelerator)
+    return accelerator
+
+
+def claim_output_dir(args, accelerator: Accelerator):
+    """Refuse to write over a different run unless --overwrite_output_dir; resuming continues the run there."""
+    output = Path(args.output_dir)
+    if accelerator.is_main_process:
+        occupied = output.is_dir() and any(output.iterdir())
+        if occupied and not args.resume_from_checkpoint:
+            if not args.overwrite_output_dir:
+                raise UserError(
+                    f"--output_dir {output} already holds files from another run; pass --overwrite_output_dir to "
+                    "replace it, --resume_from_checkpoint latest to continue it, or choose another folder."
+                )
+            for stale in ("checkpoints", "metrics.jsonl"):
+                path = output / stale
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        output.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+
+
+def build_optimizer(model: nn.Module, args) -> torch.optim.AdamW:
+    """AdamW with weight decay on weight matrices and embeddings only, never on biases or LayerNorm parameters."""
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            if id(parameter) in seen or not parameter.requires_grad:
+                continue  # tied weights appear twice
+            seen.add(id(parameter))
+            exempt = isinstance(module, nn.LayerNorm) or name == "bias"
+            (no_decay if exempt else decay).append(parameter)
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(
+        groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon
+    )
+
+
+def training_steps(args, batches_per_epoch: int | None) -> int:
+    """Optimizer steps of the run: --max_train_steps, or epochs x batches per epoch / accumulation."""
+    if args.max_train_steps:
+        return args.max_train_steps
+    if batches_per_epoch is None:
+        raise UserError("--streaming data has no length: pass --max_train_steps to say how long to train.")
+    return max(1, math.ceil(args.num_train_epochs * batches_per_epoch / args.gradient_accumulation_steps))
+
+
+def _step_seed(seed: int, step: int, micro: int, rank: int) -> int:
+    return (seed * 1_000_003 + step * 1009 + micro * 101 + rank) % (2**63 - 1)
+
+
+class Trainer:
+    """Runs the optimizer steps of one script, with evaluation, logging, checkpoints and exact resumption.
+
+    `train_dataloader` is either a map-style DataLoader (sharded by accelerate) or, for streaming, an iterable
+    already split by process (`streaming=True`), whose processes may run out of data at different times.
+    """
+
+    def __init__(self, args, accelerator: Accelerator, model: nn.Module, train_dataloader, task: Task,
+                 streaming: bool = False, evaluate_first: bool = False):
+        self.args, self.accelerator, self.task, self.streaming = args, accelerator, task, streaming
+        self.evaluate_first = evaluate_first
+        batches_per_epoch = None if streaming else len(train_dataloader)
+        self.total_steps = training_steps(args, batches_per_epoch)
+        if args.gradient_checkpointing:
+            model.activation_checkpointing_enable()
+        optimizer = build_optimizer(model, args)
+        warmup = args.num_warmup_steps
+        if warmup is None:
+            warmup = int(args.warmup_ratio * self.total_steps)
+        # accelerate steps a prepared scheduler once per process per optimizer step, hence the factor.
+        scheduler = get_scheduler(
+            args.lr_scheduler_type, optimizer, num_warmup_steps=warmup * accelerator.num_processes,
+            num_training_steps=self.total_steps * accelerator.num_processes,
+        )
+        if streaming:
+            self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
+            self.train_dataloader = train_dataloader
+        else:
+            self.model, self.optimizer, self.train_dataloader, self.scheduler = accelerator.prepare(
+                model, optimizer, train_dataloader, scheduler
+            )
+        if args.torch_compile:
+            self.model = torch.compile(self.model)
+        self.state = TrainerState()
+        self.checkpoints = CheckpointManager(accelerator, args.output_dir, args.checkpoints_total_limit)
+        self.output_dir = Path(args.output_dir)
+
+    # ----- the run -----
+
+    def fit(self) -> dict:
+        """Train to the last step (or the time budget, or early stopping); returns the final metrics."""
+        args, accelerator = self.args, self.accelerator
+        if args.resume_from_checkpoint:
+            self._resume(args.resume_from_checkpoint)
+        log = MetricsLog(self.output_dir / "metrics.jsonl", accelerator.is_main_process, self.state.step)
+        if args.with_tracking:
+            accelerator.init_trackers(self.output_dir.name, {k: v for k, v in vars(args).items() if _scalar(v)})
+        progress = tqdm(
+            total=self.total_steps, initial=self.state.step, disable=not accelerator.is_local_main_process,
+            desc="training", dynamic_ncols=True,
+        )
+        if self.evaluate_first and self.state.step == 0:
+            self._evaluate(log)  # the starting point of the validation curve
+        batches = self._micro_batches()
+        window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+        stop_reason = None
+        self.model.train()
+        while self.state.step < self.total_steps and stop_reason is None:
+            step_start = time.perf_counter()
+            micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
+            loss, tokens, stop = self._optimizer_step(micro_batches)
+            self.state.step += 1
+            self.state.tokens += tokens
+            self.state.training_seconds += time.perf_counter() - step_start
+            window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + tokens
+            progress.update(1)
+            if self.state.step % args.logging_steps == 0 or self.state.step == self.total_steps:
+                seconds = time.perf_counter() - window_start
+                row = dict(
+                    step=self.state.step, loss=window_loss / window_steps, learning_rate=self.scheduler.get_last_lr()[0],
+                    tokens_per_second=window_tokens / max(seconds, 1e-9), tokens=self.state.tokens,
+                )
+                log.write(**row)
+                if args.with_tracking:
+                    accelerator.log(row, step=self.state.step)
+                progress.set_postfix(loss=f"{row['loss']:.4f}")
+                window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+            if stop:
+                stop_reason = "time budget"
+            elif self._evaluation_due():
+                if self._evaluate(log):
+                    stop_reason = "early stopping"
+            if self._checkpoint_due():
+                self.save_checkpoint()
+        progress.close()
+        if stop_reason:
+            accelerator.print(f"Stopped at step {self.state.step}/{self.total_steps}: {stop_reason}.")
+        if not self.state.history or self.state.history[-1]["step"] != self.state.step:
+            self._evaluate(log)
+        if args.checkpointing_steps and self.checkpoints.path_for(self.state.step) not in self.checkpoints.complete():
+            self.save_checkpoint()
+        if args.with_tracking:
+            accelerator.end_training()
+        return self.summary(stop_reason)
+
+    def summary(self, stop_reason: str | None) -> dict:
+        final = self.state.history[-1] if self.state.history else {}
+        return {
+            **{k: v for k, v in final.items() if k != "step"},
+            "train_steps": self.state.step,
+            "train_tokens": self.state.tokens,
+            "train_seconds": round(self.state.training_seconds, 2),
+            "train_tokens_per_second": self.state.tokens / max(self.state.training_seconds, 1e-9),
+            "stopped_early": stop_reason,
+        }
+
+    # ----- one optimizer step -----
+
+    def _optimizer_step(self, micro_batches: list[dict]) -> tuple[float, int, bool]:
+        """Forward/backward every micro-batch, then clip and step. Returns (mean loss, tokens, stop flag)."""
+        accelerator, model = self.accelerator, self.model
+        counts = [self.task.count(batch) for batch in micro_batches]
+        total = accelerator.reduce(torch.tensor(float(sum(counts)), device=accelerator.device), "sum").item()
+        # The loss of each micro-batch is its sum over loss terms divided by the step's total; DDP averages
+        # gradients over processes, hence the factor num_processes.
+        scale = accelerator.num_processes / max(total, 1.0)
+        loss_sum, tokens = 0.0, 0
+        for micro, (batch, count) in enumerate(zip(micro_batches, counts)):
+            torch.manual_seed(_step_seed(self.args.seed, self.state.step, micro, accelerator.process_index))
+            last = micro == len(micro_batches) - 1
+            with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast():
+                outputs = model(**batch)
+                if count:
+                    loss = outputs.loss * count
+                else:  # a process with no real data this step still takes part, contributing zero gradient
+                    loss = outputs.logits.float().sum() * 0.0
+            accelerator.backward(loss * scale)
+            loss_sum += loss.detach().float().item()
+            tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+        over_time = (
+            self.args.max_train_minutes is not None
+            and self.state.training_seconds >= self.args.max_train_minutes * 60
+            and accelerator.is_main_process
+        )
+        flags = torch.tensor(
+            [loss_sum, float(not math.isfinite(loss_sum)), float(over_time), float(tokens)], device=accelerator.device
+        )
+        loss_sum, nonfinite, stop, tokens = accelerator.reduce(flags, "sum").tolist()
+        if nonfinite:
+            self._handle_nonfinite()
+        else:
+            if self.args.max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return (loss_sum / max(total, 1.0) if not nonfinite else float("nan")), int(tokens), bool(stop)
+
+    def _handle_nonfinite(self):
+        last = self.checkpoints.complete()
+        kept = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was written yet"
+        if self.args.nonfinite_loss == "skip":
+            self.accelerator.print(f"Step {self.state.step + 1}: the loss is NaN/Inf; skipping this update.")
+            return
+        raise UserError(
+            f"The training loss became NaN/Inf at step {self.state.step + 1}; {kept}. Lower --learning_rate, use "
+            "--mixed_precision bf16 instead of fp16, or pass --nonfinite_loss skip to drop such batches."
+        )
+
+    # ----- data -----
+
+    def _micro_batches(self) -> Iterator[dict]:
+        """Micro-batches forever, epoch after epoch, starting where the restored state left off."""
+        skip = self.state.step * self.args.gradient_accumulation_steps
+        epoch = 0
+        if not self.streaming:
+            per_epoch = len(self.train_dataloader)
+            epoch, skip = divmod(skip, per_epoch)
+        trace = self._trace_file()
+        while True:
+            self._set_epoch(epoch)
+            batches = self._epoch_batches(skip)
+            skip = 0
+            for batch in batches:
+                if trace is not None:
+                    trace.write(_trace_row(self.state.step, epoch, batch))
+                yield batch
+            epoch += 1
+
+    def _set_epoch(self, epoch: int):
+        for target in (self.train_dataloader, getattr(self.train_dataloader, "collate_fn", None)):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+
+    def _epoch_batches(self, skip: int) -> Iterator[dict]:
+        if not self.streaming:
+            loader = self.accelerator.skip_first_batches(self.train_dataloader, skip) if skip else self.train_dataloader
+            yield from loader
+            return
+        # Streaming: each process reads its own shard; the epoch ends when every process has run out, and a
+        # process that runs out first repeats its last batch with every label ignored (zero loss terms).
+        iterator, last, seen = iter(self.train_dataloader), None, 0
+        while True:
+            batch = next(iterator, None)
+            have = torch.tensor(float(batch is not None), device=self.accelerator.device)
+            if self.accelerator.reduce(have, "sum").item() == 0:
+                return
+            if batch is None:
+                if last is None:
+                    raise UserError(
+                        f"Process {self.accelerator.process_index} got no streaming data at all: the data has fewer "
+                        "shards or lines than there are processes; use more data or fewer processes."
+                    )
+                batch = {**last, "labels": torch.full_like(last["labels"], -100)}
+            else:
+                last = batch = {k: v.to(self.accelerator.device) for k, v in batch.items()}
+            seen += 1
+            if seen > skip:
+                yield batch
+
+    def _trace_file(self):
+        if not self.args.trace_data:
+            return None
+        path = self.output_dir / f"data_trace_rank{self.accelerator.process_index}.jsonl"
+        return open(path, "a", buffering=1)
+
+    # ----- evaluation and checkpoints -----
+
+    def _evaluation_due(self) -> bool:
+        steps = self.args.eval_steps
+        epoch_end = not self.streaming and self._at_epoch_end()
+        return bool(self.task.evaluate) and ((steps and self.state.step % steps == 0) or epoch_end)
+
+    def _at_epoch_end(self) -> bool:
+        micro = self.state.step * self.args.gradient_accumulation_steps
+        per_epoch = len(self.train_dataloader)
+        return micro // per_epoch > (micro - self.args.gradient_accumulation_steps) // per_epoch
+
+    def _checkpoint_due(self) -> bool:
+        every = self.args.checkpointing_steps
+        if every == "epoch":
+            return not self.streaming and self._at_epoch_end()
+        return bool(every) and self.state.step % every == 0
+
+    def _evaluate(self, log: MetricsLog) -> bool:
+        """Evaluate, log, track the best main metric; True when early stopping should end the run."""
+        if not self.task.evaluate:
+            return False
+        self.model.eval()
+        with torch.no_grad():
+            metrics = self.task.evaluate(self.model)
+        self.model.train()
+        self.state.history.append({"step": self.state.step, **metrics})
+        log.write(step=self.state.step, **metrics)
+        if self.args.with_tracking:
+            self.accelerator.log(metrics, step=self.state.step)
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        self.accelerator.print(f"step {self.state.step}: {shown}")
+        value = metrics.get(self.task.main_metric)
+        if value is None:
+            return False
+        best = self.state.best_metric
+        better = best is None or (value > best if self.task.greater_is_better else value < best)
+        if better:
+            self.state.best_metric, self.state.evaluations_without_improvement = value, 0
+            return False
+        self.state.evaluations_without_improvement += 1
+        patience = self.task.early_stopping_patience
+        return patience is not None and self.state.evaluations_without_improvement >= patience
+
+    def save_checkpoint(self):
+        self.checkpoints.save(self.state.step, vars(self.state))
+
+    def _resume(self, requested: str):
+        path = self.checkpoints.resolve(requested, fallback=self.args.resume_fallback)
+        restored = self.checkpoints.load(path)
+        self.state = TrainerState(**restored)
+        self.accelerator.print(f"Resumed from {path} at step {self.state.step}.")
+
+    # ----- the end -----
+
+    def unwrapped_model(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def plot(self, title: str) -> Path | None:
+        if not self.accelerator.is_main_process:
+            return None
+        return plot_curves(
+            self.output_dir / "metrics.jsonl", self.output_dir / "training_curves.png", title, self.task.plot_metrics
+        )
+
+
+def save_final(accelerator: Accelerator, model: nn.Module, tokenizer, output_dir: str | Path, results: dict):
+    """`save_pretrained` of the unwrapped model (safetensors) with its tokenizer and `all_results.json`."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        model.save_pretrained(output_dir, safe_serialization=True)
+        tokenizer.save_pretrained(output_dir)
+        write_json(Path(output_dir) / "all_results.json", results)
+    accelerator.wait_for_everyone()
+
+
+def shutdown(accelerator: Accelerator, *objects):
+    """Tear down so that multi-process CPU runs exit cleanly (an abort at exit was seen otherwise)."""
+    del objects
+    accelerator.free_memory()
+    gc.collect()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if os.environ.get("WORLD_SIZE") and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _trace_row(step: int, epoch: int, batch: dict) -> str:
+    import json
+
+    ids = batch["input_ids"].tolist()
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        ids = [row[: int(n)] for row, n in zip(ids, mask.sum(-1).tolist())]
+    real = bool((batch["labels"] != -100).any()) if "labels" in batch else True
+    return json.dumps({"step": step, "epoch": epoch, "real": real, "input_ids": ids}) + "\n"
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, (int, float, str, bool)) or value is None

@@ -1,0 +1,137 @@
+"""Masked-language-model data: packing text into blocks, masking (80/10/10), and evaluation."""
+
+import torch
+import torch.nn.functional as F
+from datasets import Dataset, IterableDataset
+from datasets.distributed import split_dataset_by_node
+
+from .errors import UserError
+
+
+def pack_texts(texts: list[str], tokenizer, block_size: int) -> list[list[int]]:
+    """Concatenate texts, each followed by [SEP], into blocks of `block_size` tokens that start with [CLS].
+
+    Nothing is padded and nothing is dropped: the last block of each batch of texts may be shorter.
+    """
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    stream = []
+    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        stream.extend(ids)
+        stream.append(sep)
+    body = block_size - 1
+    return [[cls] + stream[start : start + body] for start in range(0, len(stream), body)]
+
+
+def _pack_batch(batch, tokenizer, block_size: int, text_column: str):
+    texts = [text for text in batch[text_column] if text and not text.isspace()]  # drop empty lines
+    return {"input_ids": pack_texts(texts, tokenizer, block_size)}
+
+
+def pack_dataset(dataset: Dataset | IterableDataset, tokenizer, block_size: int, text_column: str,
+                 num_proc: int | None = None):
+    """Map a text dataset to packed blocks (`input_ids`); map-style datasets also get an `example_id`."""
+    if block_size < 3:
+        raise UserError(f"--max_seq_length {block_size} is too short: a block needs [CLS], a token and [SEP].")
+    kwargs = dict(batched=True, batch_size=1000, remove_columns=dataset.column_names,
+                  fn_kwargs=dict(tokenizer=tokenizer, block_size=block_size, text_column=text_column))
+    if isinstance(dataset, IterableDataset):
+        return dataset.map(_pack_batch, **kwargs)
+    packed = dataset.map(_pack_batch, num_proc=num_proc, desc="packing text into blocks", **kwargs)
+    if len(packed) == 0:
+        raise UserError(f"The {text_column!r} column is empty after dropping blank lines: there is nothing to train on.")
+    return packed.add_column("example_id", list(range(len(packed))))
+
+
+class StreamingBlocks(torch.utils.data.IterableDataset):
+    """This process's share of a streamed, packed dataset, with ids unique across processes.
+
+    `split_dataset_by_node` gives each process whole files when their number divides evenly, otherwise every
+    n-th example; either way no example is read by two processes.
+    """
+
+    def __init__(self, packed: IterableDataset, rank: int, world_size: int):
+        self.shard = split_dataset_by_node(packed, rank=rank, world_size=world_size)
+        self.rank, self.world_size = rank, world_size
+
+    def __iter__(self):
+        for local_index, example in enumerate(self.shard):
+            yield {"input_ids": example["input_ids"], "example_id": local_index * self.world_size + self.rank}
+
+
+class MaskingCollator:
+    """Pads blocks and masks them for MLM (Devlin et al., 2019): each non-special token is chosen with probability
+    `mlm_probability`; chosen tokens become [MASK] 80% of the time, a random token 10%, unchanged 10%.
+
+    Masks are a function of (seed, epoch, example_id): the same example gets the same mask wherever and whenever
+    it is drawn (any number of processes, a resumed run), and new masks each epoch. `epoch=None` fixes the masks
+    for evaluation.
+    """
+
+    def __init__(self, tokenizer, mlm_probability: float = 0.15, seed: int = 0, epoch: int | None = 0):
+        if not 0 < mlm_probability < 1:
+            raise UserError(f"--mlm_probability must be in (0, 1), got {mlm_probability}.")
+        if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
+            raise UserError("The tokenizer has no [MASK] or [PAD] token; train one with scripts/train_tokenizer.py.")
+        self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
+        self.vocab_size = len(tokenizer)
+        self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+        self.mlm_probability, self.seed, self.epoch = mlm_probability, seed, epoch
+
+    def set_epoch(self, epoch: int):
+        if self.epoch is not None:
+            self.epoch = epoch
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        length = max(len(e["input_ids"]) for e in examples)
+        input_ids = torch.full((len(examples), length), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+        labels = torch.full((len(examples), length), -100, dtype=torch.long)
+        epoch = -1 if self.epoch is None else self.epoch
+        for row, example in enumerate(examples):
+            ids = torch.tensor(example["input_ids"], dtype=torch.long)
+            generator = torch.Generator().manual_seed(hash((self.seed, epoch, int(example["example_id"]))) % 2**62)
+            chosen = (torch.rand(len(ids), generator=generator) < self.mlm_probability) & ~torch.isin(
+                ids, self.special_ids
+            )
+            action = torch.rand(len(ids), generator=generator)  # < 0.8: [MASK]; < 0.9: random token; else keep
+            random_ids = torch.randint(self.vocab_size, (len(ids),), generator=generator)
+            labels[row, : len(ids)] = torch.where(chosen, ids, -100)
+            ids = torch.where(chosen & (action < 0.8), self.mask_id, ids)
+            ids = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, ids)
+            input_ids[row, : len(ids)] = ids
+            attention_mask[row, : len(ids)] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def masked_token_count(batch: dict) -> int:
+    return int((batch["labels"] != -100).sum())
+
+
+def evaluate_mlm(model, dataloader, accelerator) -> dict:
+    """Validation loss (mean over masked tokens), perplexity and masked-token accuracy, exact across processes."""
+    totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, correct, count
+    for batch in dataloader:
+        with accelerator.autocast():
+            logits = model(**batch).logits
+        labels = batch["labels"]
+        predicted = labels != -100
+        if logits.dim() == 3:  # dense logits: keep the masked positions, as sparse prediction returns them
+            logits = logits[predicted]
+        targets = labels[predicted]
+        token_loss = F.cross_entropy(logits.float(), targets, reduction="none")
+        correct = (logits.argmax(-1) == targets).double()
+        rows = predicted.nonzero()[:, 0]  # example of each masked token, for per-example sums
+        per_example = torch.zeros(labels.shape[0], 3, dtype=torch.float64, device=labels.device)
+        per_example[:, 0].index_add_(0, rows, token_loss.double())
+        per_example[:, 1].index_add_(0, rows, correct)
+        per_example[:, 2].index_add_(0, rows, torch.ones_like(correct))
+        # gather_for_metrics drops the examples accelerate repeats to even out the last batch across processes
+        totals += accelerator.gather_for_metrics(per_example).sum(0)
+    loss_sum, correct, count = totals.tolist()
+    loss = loss_sum / max(count, 1.0)
+    return {
+        "eval_loss": loss,
+        "eval_perplexity": float(torch.tensor(loss).exp()),
+        "eval_accuracy": correct / max(count, 1.0),
+        "eval_masked_tokens": int(count),
+    }

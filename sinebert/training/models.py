@@ -1,0 +1,88 @@
+"""Tokenizer and model loading shared by the scripts, with the checks that catch mismatches early."""
+
+from pathlib import Path
+
+from transformers import AutoConfig, AutoTokenizer
+
+from ..configuration_sinebert import SineBertConfig
+from .arguments import read_config_file
+from .errors import UserError
+
+SIZE_FLAGS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "norm_placement",
+              "hidden_dropout_prob", "attention_probs_dropout_prob", "scale_embeddings", "hidden_act")
+
+
+def add_size_arguments(parser):
+    """Flags that size a model trained from scratch (defaults: SineBertConfig's, or --config_name's)."""
+    group = parser.add_argument_group("model size (training from scratch)")
+    group.add_argument("--hidden_size", type=int)
+    group.add_argument("--num_hidden_layers", type=int)
+    group.add_argument("--num_attention_heads", type=int)
+    group.add_argument("--intermediate_size", type=int)
+    group.add_argument("--norm_placement", choices=("post", "pre"))
+    group.add_argument("--hidden_dropout_prob", type=float)
+    group.add_argument("--attention_probs_dropout_prob", type=float)
+    group.add_argument("--hidden_act")
+    group.add_argument("--scale_embeddings", action="store_true", default=None)
+
+
+def load_tokenizer(args):
+    source = args.tokenizer_name or args.model_name_or_path
+    if not source:
+        raise UserError(
+            "Give a tokenizer with --tokenizer_name (train one with scripts/train_tokenizer.py) or a checkpoint "
+            "with --model_name_or_path."
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise UserError(f"Could not load a tokenizer from {source}: {error}") from error
+    if not tokenizer.is_fast:
+        raise UserError(f"The tokenizer in {source} is not a fast tokenizer; offsets and word ids need one.")
+    return tokenizer
+
+
+def scratch_config(args, tokenizer, **task_values) -> SineBertConfig:
+    """A config for a model trained from scratch: --config_name (a folder or JSON/YAML file) and size flags."""
+    values = {}
+    if args.config_name:
+        path = Path(args.config_name)
+        if path.is_dir() or not path.suffix:
+            values = AutoConfig.from_pretrained(args.config_name).to_dict()
+        else:
+            values = read_config_file(args.config_name)
+        for key in ("architectures", "auto_map", "transformers_version", "model_type", "_name_or_path"):
+            values.pop(key, None)
+    values.update({k: getattr(args, k) for k in SIZE_FLAGS if getattr(args, k, None) is not None})
+    values.setdefault("vocab_size", len(tokenizer))
+    values["pad_token_id"] = tokenizer.pad_token_id
+    values.update(task_values)
+    try:
+        config = SineBertConfig(**values)
+    except (TypeError, ValueError) as error:
+        raise UserError(f"Invalid model configuration: {error}") from error
+    check_vocabulary(config, tokenizer)
+    return config
+
+
+def check_vocabulary(config, tokenizer):
+    if len(tokenizer) > config.vocab_size:
+        raise UserError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {config.vocab_size}; ids "
+            "beyond it would crash training. Use the tokenizer the model was trained with, or a larger vocab_size."
+        )
+
+
+def load_pretrained(auto_class, args, tokenizer, **config_values):
+    """`auto_class.from_pretrained(--model_name_or_path)` with `config_values` applied, or from scratch."""
+    attn = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
+    if not args.model_name_or_path:
+        return auto_class.from_config(scratch_config(args, tokenizer, **config_values), **attn)
+    try:
+        model = auto_class.from_pretrained(
+            args.model_name_or_path, trust_remote_code=args.trust_remote_code, **config_values, **attn
+        )
+    except OSError as error:
+        raise UserError(f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {error}")
+    check_vocabulary(model.config, tokenizer)
+    return model
