@@ -59,13 +59,21 @@ class TrainerState:
 
 
 def setup_accelerator(args) -> Accelerator:
-    """Create the Accelerator first (as every script must), seed, and claim the output folder."""
+    """Create the Accelerator first (as every script must), seed, and claim the output folder.
+
+    Without a GPU (or other accelerator), processes started by `accelerate launch --multi_gpu` run on the CPU and
+    talk over gloo; accelerate alone would start independent single-process runs there.
+    """
+    cpu = not torch.accelerator.is_available()
     accelerator = Accelerator(
+        cpu=cpu,
         mixed_precision=args.mixed_precision,
         log_with=args.report_to if args.with_tracking else None,
         project_dir=args.output_dir,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
     )
+    if cpu and accelerator.num_processes > 1:
+        accelerator.print(f"No GPU found: running {accelerator.num_processes} processes on the CPU (gloo).")
     set_seed(args.seed)
     claim_output_dir(args, accelerator)
     return accelerator
