@@ -22,7 +22,14 @@ from sinebert.training.arguments import (
 from sinebert.training.data import hold_out_validation, load_splits, pick_column
 from sinebert.training.errors import run_cli
 from sinebert.training.loop import Task, Trainer, save_final, setup_accelerator, shutdown
-from sinebert.training.mlm import MaskingCollator, StreamingBlocks, evaluate_mlm, masked_token_count, pack_dataset
+from sinebert.training.mlm import (
+    MaskingCollator,
+    StreamingBlocks,
+    evaluate_mlm,
+    masked_token_count,
+    original_ids,
+    pack_dataset,
+)
 from sinebert.training.models import add_size_arguments, load_pretrained, load_tokenizer
 from sinebert.training.reporting import write_model_card
 
@@ -105,6 +112,7 @@ def main(argv=None):
         evaluate=partial(evaluate_mlm, dataloader=eval_dataloader, accelerator=accelerator),
         main_metric="eval_loss",
         plot_metrics=("eval_accuracy",),
+        trace=original_ids,
     )
     trainer = Trainer(args, accelerator, model, train_dataloader, task, streaming=args.streaming, evaluate_first=True)
     results = trainer.fit()

@@ -61,3 +61,25 @@ def tokenizer_dir(tmp_path_factory, sst2_sentences) -> Path:
     path = tmp_path_factory.mktemp("tokenizer")
     train_wordpiece(sst2_sentences, vocab_size=600, min_frequency=2).save_pretrained(path)
     return path
+
+
+def load_script(name: str):
+    """Import scripts/<name>.py as a module, to call its `main(argv)` in-process (faster than a subprocess)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def user_error(capsys, script, argv) -> str:
+    """Run a script's main through its CLI wrapper and return the one error line it prints (exit status 2)."""
+    from sinebert.training.errors import run_cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(lambda: script.main([str(a) for a in argv]))
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, lines
+    return lines[0]

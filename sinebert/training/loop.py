@@ -7,6 +7,7 @@ an uninterrupted one would have done.
 """
 
 import gc
+import json
 import math
 import os
 import shutil
@@ -36,6 +37,7 @@ class Task:
         over all terms of an optimizer step across micro-batches and processes, so accumulation and data
         parallelism give the same update as one large batch.
     evaluate: runs on every process with the prepared model and returns metrics named `eval_*`.
+    trace: what `--trace_data` records of a batch (default: the unpadded input ids).
     """
 
     count: Callable[[dict], int]
@@ -44,6 +46,7 @@ class Task:
     greater_is_better: bool = False
     early_stopping_patience: int | None = None
     plot_metrics: tuple[str, ...] = ()
+    trace: Callable[[dict], list[list[int]]] | None = None
 
 
 @dataclass
@@ -301,7 +304,7 @@ class Trainer:
             skip = 0
             for batch in batches:
                 if trace is not None:
-                    trace.write(_trace_row(self.state.step, epoch, batch))
+                    trace.write(self._trace_row(epoch, batch))
                 yield batch
             epoch += 1
 
@@ -335,6 +338,11 @@ class Trainer:
             seen += 1
             if seen > skip:
                 yield batch
+
+    def _trace_row(self, epoch: int, batch: dict) -> str:
+        ids = self.task.trace(batch) if self.task.trace else unpadded_ids(batch, batch["input_ids"])
+        real = bool((batch["labels"] != -100).any()) if "labels" in batch else True
+        return json.dumps({"step": self.state.step, "epoch": epoch, "real": real, "input_ids": ids}) + "\n"
 
     def _trace_file(self):
         if not self.args.trace_data:
@@ -429,15 +437,11 @@ def shutdown(accelerator: Accelerator, *objects):
         torch.distributed.destroy_process_group()
 
 
-def _trace_row(step: int, epoch: int, batch: dict) -> str:
-    import json
-
-    ids = batch["input_ids"].tolist()
+def unpadded_ids(batch: dict, ids: torch.Tensor) -> list[list[int]]:
+    """Rows of `ids` `(batch, seq)` without their right padding."""
     mask = batch.get("attention_mask")
-    if mask is not None:
-        ids = [row[: int(n)] for row, n in zip(ids, mask.sum(-1).tolist())]
-    real = bool((batch["labels"] != -100).any()) if "labels" in batch else True
-    return json.dumps({"step": step, "epoch": epoch, "real": real, "input_ids": ids}) + "\n"
+    rows = ids.tolist()
+    return rows if mask is None else [row[: int(n)] for row, n in zip(rows, mask.sum(-1).tolist())]
 
 
 def _scalar(value) -> bool:

@@ -6,6 +6,7 @@ from datasets import Dataset, IterableDataset
 from datasets.distributed import split_dataset_by_node
 
 from .errors import UserError
+from .loop import unpadded_ids
 
 
 def pack_texts(texts: list[str], tokenizer, block_size: int) -> list[list[int]]:
@@ -101,6 +102,12 @@ class MaskingCollator:
             input_ids[row, : len(ids)] = ids
             attention_mask[row, : len(ids)] = 1
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def original_ids(batch: dict) -> list[list[int]]:
+    """The unmasked, unpadded blocks of a collated batch (what `--trace_data` records)."""
+    labels = batch["labels"]
+    return unpadded_ids(batch, torch.where(labels != -100, labels, batch["input_ids"]))
 
 
 def masked_token_count(batch: dict) -> int:

@@ -5,6 +5,8 @@ from collections.abc import Iterable, Iterator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .errors import UserError
+
 SPECIAL_TOKENS = {
     "pad_token": "[PAD]",
     "unk_token": "[UNK]",
@@ -29,11 +31,11 @@ def train_wordpiece(
     """
     special_tokens = {**SPECIAL_TOKENS, **(special_tokens or {})}
     if set(special_tokens) != set(SPECIAL_TOKENS):
-        raise ValueError(
+        raise UserError(
             f"special_tokens must name exactly {sorted(SPECIAL_TOKENS)}, got {sorted(special_tokens)}."
         )
     if vocab_size <= len(special_tokens):
-        raise ValueError(f"vocab_size={vocab_size} leaves no room beyond the {len(special_tokens)} special tokens.")
+        raise UserError(f"vocab_size={vocab_size} leaves no room beyond the {len(special_tokens)} special tokens.")
     cls, sep = special_tokens["cls_token"], special_tokens["sep_token"]
     tokenizer = Tokenizer(models.WordPiece(unk_token=special_tokens["unk_token"]))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
@@ -63,4 +65,4 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
             count += 1
             yield text
     if count == 0:
-        raise ValueError("The tokenizer got no text: every input line was empty; check the files you passed.")
+        raise UserError("The tokenizer got no text: every input line was empty; check the files you passed.")

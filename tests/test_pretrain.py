@@ -1,0 +1,175 @@
+"""scripts/pretrain.py end to end through `accelerate launch`, on real SST-2 sentences with a tiny model."""
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+
+import sinebert  # noqa: F401
+from tests.conftest import ROOT, load_script, user_error
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--intermediate_size", "128",
+        "--max_seq_length", "64", "--logging_steps", "1", "--learning_rate", "1e-3", "--warmup_ratio", "0.1"]
+NO_DROPOUT = ["--hidden_dropout_prob", "0", "--attention_probs_dropout_prob", "0"]
+
+
+def launch(*args, processes: int = 1, timeout: int = 600):
+    """`accelerate launch` the pretraining script with 1 or 2 CPU processes (see DESIGN.md for the 2-process form)."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no"]
+    if processes == 1:
+        launcher += ["--num_processes", "1", "--num_cpu_threads_per_process", "2"]
+    else:
+        launcher += ["--multi_gpu", "--num_processes", str(processes), "--num_cpu_threads_per_process", "1"]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true"}
+    result = subprocess.run(
+        [*launcher, str(ROOT / "scripts" / "pretrain.py"), *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def rows(folder):
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(folder) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in rows(folder) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, sst2_sentences):
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "train.txt").write_text("\n".join(sst2_sentences[:3000]) + "\n", encoding="utf-8")
+    (folder / "valid.txt").write_text("\n".join(sst2_sentences[3000:3400]) + "\n", encoding="utf-8")
+    return folder
+
+
+def data(corpus, tokenizer_dir):
+    return ["--train_file", corpus / "train.txt", "--validation_file", corpus / "valid.txt",
+            "--tokenizer_name", tokenizer_dir]
+
+
+def test_one_process_learns_and_the_result_serves(corpus, tokenizer_dir, tmp_path):
+    out = tmp_path / "run"
+    launch(*data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 16, "--max_train_steps", 60,
+           "--eval_steps", 30, "--output_dir", out)
+    evals = [r for r in rows(out) if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [0, 30, 60]
+    # From the uniform guess (ln 600 = 6.4) a tiny model quickly learns at least word frequencies.
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"] - 0.5
+    assert evals[-1]["eval_accuracy"] > evals[0]["eval_accuracy"]
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["train_steps"] == 60 and results["train_tokens_per_second"] > 0
+    for name in ("README.md", "training_curves.png", "model.safetensors", "tokenizer.json"):
+        assert (out / name).is_file(), name
+    model = AutoModelForMaskedLM.from_pretrained(out)
+    assert type(model).__name__ == "SineBertForMaskedLM" and model.config.sparse_prediction
+    predictions = pipeline("fill-mask", model=str(out))("the movie is [MASK] .")
+    assert len(predictions) == 5 and predictions[0]["score"] > predictions[-1]["score"]
+
+
+def test_two_processes_match_one_process_with_twice_the_batch(corpus, tokenizer_dir, tmp_path):
+    common = [*data(corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--max_train_steps", 12, "--eval_steps", 12]
+    launch(*common, "--per_device_train_batch_size", 16, "--output_dir", tmp_path / "one")
+    launch(*common, "--per_device_train_batch_size", 8, "--output_dir", tmp_path / "two", processes=2)
+    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == list(range(1, 13))
+    # The two runs see the same examples with the same masks (masks are seeded per example) and normalise the
+    # loss over all masked tokens of the step, so they differ only by float summation order (~1e-6).
+    for step in one:
+        assert two[step] == pytest.approx(one[step], abs=1e-4)
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+
+
+def test_resume_continues_exactly(corpus, tokenizer_dir, tmp_path):
+    common = [*data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
+              "--eval_steps", 12, "--checkpointing_steps", 8, "--checkpoints_total_limit", 3]
+    launch(*common, "--output_dir", tmp_path / "full")
+    assert [p.name for p in sorted((tmp_path / "full" / "checkpoints").iterdir())] == [
+        "step_00000008", "step_00000016", "step_00000024"]
+    # A run stopped right after its step-16 checkpoint: its folder holds that checkpoint and the log up to there.
+    stopped = tmp_path / "stopped"
+    (stopped / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "step_00000016", stopped / "checkpoints" / "step_00000016")
+    (stopped / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows(tmp_path / "full") if r["step"] <= 16) + '{"step": 17, "loss": 9}\n'
+    )
+    launch(*common, "--output_dir", stopped, "--resume_from_checkpoint", "latest")
+    assert train_losses(stopped) == train_losses(tmp_path / "full")  # the stale step-17 row was replaced
+    a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(stopped / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def consumed_tokens(folder, processes: int) -> collections.Counter:
+    counter = collections.Counter()
+    for rank in range(processes):
+        for line in (folder / f"data_trace_rank{rank}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if row["epoch"] == 0 and row["real"]:
+                for block in row["input_ids"]:
+                    counter.update(block)
+    return counter
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_streaming_reads_every_line_once_per_epoch(corpus, tokenizer_dir, tmp_path, processes):
+    out = tmp_path / "stream"
+    # 3000 lines of ~20 tokens = ~940 blocks of 64: 40 steps of 16 blocks cover the first epoch and part of the next.
+    launch(*data(corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--per_device_train_batch_size",
+           16 // processes, "--max_train_steps", 70, "--eval_steps", 70, "--output_dir", out, processes=processes)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    expected = collections.Counter()
+    for line in (corpus / "train.txt").read_text().splitlines():
+        expected.update(tokenizer(line, add_special_tokens=False)["input_ids"])
+    consumed = consumed_tokens(out, processes)
+    for special in (tokenizer.cls_token_id, tokenizer.sep_token_id):
+        consumed.pop(special)
+    assert consumed == expected
+
+
+def test_config_file_supplies_arguments_and_rejects_unknown_keys(corpus, tokenizer_dir, tmp_path, capsys):
+    pretrain = load_script("pretrain")
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"train_file: [{corpus / 'train.txt'}]\nvalidation_file: [{corpus / 'valid.txt'}]\n"
+        f"tokenizer_name: {tokenizer_dir}\nhidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\n"
+        "intermediate_size: 64\nmax_seq_length: 32\nmax_train_steps: 3\nper_device_train_batch_size: 4\n"
+        "max_eval_samples: 8\nlogging_steps: 1\n"
+    )
+    out = tmp_path / "from_yaml"
+    pretrain.main(["--config_file", str(config), "--output_dir", str(out), "--max_train_steps", "2"])
+    assert json.loads((out / "all_results.json").read_text())["train_steps"] == 2  # the command line wins
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 32
+    config.write_text(config.read_text() + "hiden_size: 64\n")
+    with pytest.raises(SystemExit):
+        pretrain.parse_args(["--config_file", str(config), "--output_dir", str(tmp_path / "x")])
+    message = capsys.readouterr().err
+    assert "unknown keys ['hiden_size']" in message and "hidden_size" in message
+
+
+def test_refuses_to_overwrite_another_run_and_checks_the_vocabulary(corpus, tokenizer_dir, tmp_path, capsys):
+    pretrain = load_script("pretrain")
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone else's run")
+    argv = [*data(corpus, tokenizer_dir), *TINY, "--max_train_steps", 1, "--output_dir", out]
+    assert "already holds files from another run" in user_error(capsys, pretrain, argv)
+    assert (out / "notes.txt").read_text() == "someone else's run"
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1,
+                                 "num_attention_heads": 2, "intermediate_size": 64}))
+    argv = [*data(corpus, tokenizer_dir), "--config_name", small, "--max_train_steps", 1,
+            "--output_dir", tmp_path / "new"]
+    assert "The tokenizer has 600 tokens but the model's vocab_size is 100" in user_error(capsys, pretrain, argv)

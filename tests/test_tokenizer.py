@@ -1,0 +1,91 @@
+"""scripts/train_tokenizer.py: trains on the inputs pretraining accepts and reloads through AutoTokenizer."""
+
+import csv
+import subprocess
+import sys
+
+import pytest
+from transformers import AutoTokenizer
+
+from tests.conftest import ROOT, load_script, user_error
+
+train_tokenizer = load_script("train_tokenizer")
+
+
+def run_script(*args):
+    train_tokenizer.main([str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, sst2_sentences):
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "part1.txt").write_text("\n".join(sst2_sentences[:2000]) + "\n\n   \n", encoding="utf-8")
+    (folder / "part2.txt").write_text("\n".join(sst2_sentences[2000:]) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_trains_on_globbed_text_files_and_reloads(corpus, tmp_path):
+    run_script("--train_file", corpus / "part*.txt", "--vocab_size", 700, "--output_dir", tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert tokenizer.is_fast and len(tokenizer) == 700
+    assert [tokenizer.pad_token_id, tokenizer.mask_token_id] == [0, 4]
+    text = "a gorgeous , witty , seductive movie ."
+    encoded = tokenizer(text)
+    assert encoded["input_ids"][0] == tokenizer.cls_token_id and encoded["input_ids"][-1] == tokenizer.sep_token_id
+    # WordPiece keeps words and punctuation but not the spaces before punctuation
+    assert tokenizer.decode(encoded["input_ids"], skip_special_tokens=True).replace(" ", "") == text.replace(" ", "")
+    assert tokenizer.decode(tokenizer("a gorgeous witty movie")["input_ids"], skip_special_tokens=True) == (
+        "a gorgeous witty movie"
+    )
+    assert tokenizer.decode(tokenizer("The Movie")["input_ids"], skip_special_tokens=True) == "the movie"
+
+
+def test_pairs_get_segment_ids(corpus, tmp_path):
+    run_script("--train_file", corpus / "part1.txt", "--vocab_size", 500, "--output_dir", tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    pair = tokenizer("the plot is thin", "the acting is fine")
+    ids, types = pair["input_ids"], pair["token_type_ids"]
+    first_sep = ids.index(tokenizer.sep_token_id)
+    assert ids.count(tokenizer.sep_token_id) == 2 and ids[0] == tokenizer.cls_token_id
+    assert set(types[: first_sep + 1]) == {0} and set(types[first_sep + 1 :]) == {1}
+
+
+def test_cased_csv_column_and_special_tokens(tmp_path, sst2_sentences):
+    table = tmp_path / "reviews.csv"
+    with table.open("w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(["id", "review"])
+        writer.writerows([i, s.capitalize()] for i, s in enumerate(sst2_sentences[:1500]))
+    run_script("--train_file", table, "--text_column_name", "review", "--no-lowercase", "--vocab_size", 400,
+               "--mask_token", "<mask>", "--output_dir", tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert tokenizer.mask_token == "<mask>"
+    assert tokenizer.decode(tokenizer("The Movie")["input_ids"], skip_special_tokens=True) == "The Movie"
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        (["missing.txt"], "missing.txt does not exist"),
+        (["nothing-*.txt"], "matched no file"),
+        (["empty.txt"], "empty.txt is empty"),
+        (["latin1.txt"], "latin1.txt line 2 is not valid utf-8"),
+        (["blank.txt"], "every input line was empty"),
+    ],
+)
+def test_bad_input_gets_one_clear_sentence(tmp_path, capsys, files, message):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "latin1.txt").write_bytes("first line\ncaf\u00e9 au lait\n".encode("latin-1"))
+    (tmp_path / "blank.txt").write_text("\n   \n\n")
+    argv = ["--train_file", *[tmp_path / f for f in files], "--output_dir", tmp_path / "tok"]
+    assert message in user_error(capsys, train_tokenizer, argv)
+
+
+def test_command_line_error_has_no_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train_tokenizer.py"), "--train_file", str(tmp_path / "none.txt"),
+         "--output_dir", str(tmp_path / "tok")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"error: --train_file {tmp_path / 'none.txt'} does not exist or is not a file."
