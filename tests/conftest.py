@@ -7,26 +7,28 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every subprocess (scripts, accelerate launch) gets the same network guard through sitecustomize.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(ROOT / "tests" / "network_guard"), str(ROOT), os.environ.get("PYTHONPATH")) if p
+)
 
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
+
+@pytest.fixture(autouse=True, scope="session")
+def no_network():
     """Nothing in the suite may reach the internet; loopback (torch.distributed's gloo) stays allowed."""
-    real_connect = socket.socket.connect
+    import importlib.util
 
-    def guarded_connect(sock, address):
-        host = address[0] if isinstance(address, tuple) else address
-        if sock.family == socket.AF_UNIX or host in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
-            return real_connect(sock, address)
-        raise RuntimeError(f"test tried to open a network connection to {address!r}")
-
-    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    path = ROOT / "tests" / "network_guard" / "sitecustomize.py"  # also loaded by every subprocess
+    spec = importlib.util.spec_from_file_location("sinebert_network_guard", path)
+    guard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guard)
+    assert socket.socket.connect is guard._guarded_connect
 
 
 @pytest.fixture(scope="session")
