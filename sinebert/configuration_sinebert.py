@@ -59,6 +59,17 @@ class SineBertConfig(PreTrainedConfig):
             the positions whose label is not -100 onto the vocabulary and return logits of shape
             `(num_masked, vocab_size)`. The loss is the same; the work of the decoder shrinks by the masking
             rate. Pretraining turns this on. Without labels, logits cover every position either way.
+        sliding_window (`int`, *optional*): Local attention: a token attends only to the tokens at most
+            `sliding_window` positions before or after it (bidirectional band, as in Longformer, Beltagy et al.,
+            2020), so time and memory grow as O(seq * sliding_window) instead of O(seq^2). `None` (the default)
+            gives every layer full attention.
+        global_attn_every_n_layers (`int`, *optional*): With `sliding_window`, layers 0, n, 2n, ... keep full
+            attention and the others are local, as in ModernBERT (Warner et al., 2024, which uses n=3). `None` (the
+            default) makes every layer local. Needs `sliding_window`.
+        global_attention_positions (`list[int]`, *optional*): Positions that attend to every token and that every
+            token attends to in the local layers (Longformer's global attention), e.g. `[0]` for [CLS] so that a
+            classifier pooling it sees the whole input. Positions past a sequence's end are skipped for that input.
+            Needs `sliding_window`.
     """
 
     model_type = "sinebert"
@@ -82,6 +93,9 @@ class SineBertConfig(PreTrainedConfig):
     classifier_pooling: Literal["cls", "mean"] = "cls"
     scale_embeddings: bool = False
     sparse_prediction: bool = False
+    sliding_window: int | None = None
+    global_attn_every_n_layers: int | None = None
+    global_attention_positions: list[int] | None = None
 
     def __post_init__(self, **kwargs):
         self._validate()
@@ -125,6 +139,52 @@ class SineBertConfig(PreTrainedConfig):
             )
         if self.hidden_act not in ACT2FN:
             raise ValueError(f"hidden_act={self.hidden_act!r} is unknown; choose one of {sorted(ACT2FN)}.")
+        self._validate_local_attention()
+
+    def _validate_local_attention(self):
+        window, every, positions = self.sliding_window, self.global_attn_every_n_layers, self.global_attention_positions
+        if window is None:
+            for name, value in (("global_attn_every_n_layers", every), ("global_attention_positions", positions)):
+                if value is not None:
+                    raise ValueError(
+                        f"{name}={value!r} only applies to local attention, but sliding_window is None; set "
+                        f"sliding_window (tokens on each side) or leave {name} unset."
+                    )
+            return
+        if not _is_positive_int(window):
+            raise ValueError(f"sliding_window must be a positive integer (tokens on each side) or None, got {window!r}.")
+        if every is not None and not _is_positive_int(every):
+            raise ValueError(f"global_attn_every_n_layers must be a positive integer or None, got {every!r}.")
+        if every == 1:
+            raise ValueError(
+                f"global_attn_every_n_layers=1 makes every layer full attention, so sliding_window={window} would "
+                "never be used; set sliding_window=None for full attention."
+            )
+        if positions is not None:
+            if not isinstance(positions, (list, tuple)) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in positions
+            ):
+                raise ValueError(
+                    f"global_attention_positions must be a list of non-negative token positions, got {positions!r}."
+                )
+            if len(set(positions)) != len(positions):
+                raise ValueError(f"global_attention_positions has repeated positions: {positions!r}.")
+
+    @property
+    def layer_types(self) -> list[str]:
+        """Per layer, `"full_attention"` or `"sliding_attention"`, from `sliding_window` and
+        `global_attn_every_n_layers` (derived, so the two can never disagree)."""
+        if self.sliding_window is None:
+            return ["full_attention"] * self.num_hidden_layers
+        every = self.global_attn_every_n_layers
+        return [
+            "full_attention" if every is not None and i % every == 0 else "sliding_attention"
+            for i in range(self.num_hidden_layers)
+        ]
+
+
+def _is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 SineBertConfig.register_for_auto_class()

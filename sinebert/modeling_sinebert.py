@@ -131,6 +131,159 @@ def eager_attention_forward(
     return output, weights
 
 
+# Sliding-window layers split the sequence into blocks of at least this many queries: smaller blocks (tiny windows)
+# would make each block's matmul too small to run efficiently, and larger blocks than the window stay exact because
+# the band mask still removes the keys out of reach.
+MIN_LOCAL_BLOCK = 64
+
+
+def _global_index(global_positions, seq: int, device: torch.device) -> torch.Tensor:
+    """`(n_global,)` long tensor of the global positions that exist in a sequence of length `seq`."""
+    return torch.tensor([p for p in global_positions or () if p < seq], dtype=torch.long, device=device)
+
+
+def local_attention_mask(
+    seq: int, sliding_window: int, global_positions, padding_mask: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """The mask of a sliding-window layer, written out: boolean `(batch or 1, 1, seq, seq)`, True where query i may
+    attend key j: |i - j| <= sliding_window, or i or j is a global position, and key j is not padding.
+
+    With `eager_attention_forward` this is the exact O(seq^2) reference that `local_attention_forward` must equal.
+    """
+    positions = torch.arange(seq, device=device)
+    allowed = (positions[:, None] - positions[None, :]).abs() <= sliding_window  # (seq, seq)
+    is_global = torch.zeros(seq, dtype=torch.bool, device=device)
+    is_global[_global_index(global_positions, seq, device)] = True
+    allowed = (allowed | is_global[:, None] | is_global[None, :])[None, None]  # (1, 1, seq, seq)
+    return allowed if padding_mask is None else allowed & padding_mask
+
+
+def _neighbour_windows(tensor: torch.Tensor, dim: int, block: int, tail: int) -> torch.Tensor:
+    """Cut `dim` (the sequence, of length blocks * block - tail) into overlapping windows of 3 blocks, one per block:
+    the block before, the block itself, the block after (zeros beyond the ends). Only the padding copies (seq-sized);
+    the windows are a strided view of it.
+
+    `(..., seq, ...)` -> `(..., blocks, ..., 3 * block)`: the window becomes the last dimension, as `Tensor.unfold` does.
+    """
+    padding = (0, 0) * (tensor.dim() - 1 - dim) + (block, tail + block)
+    return F.pad(tensor, padding).unfold(dim, 3 * block, block)
+
+
+def local_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    global_positions=(),
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Sliding-window attention in O(seq * sliding_window) memory: the fast kernel of the local layers.
+
+    It equals `eager_attention_forward` under `local_attention_mask`, without forming a (seq, seq) matrix. The queries
+    are cut into blocks of `block >= sliding_window` tokens; each block scores the keys of its own and its two
+    neighbouring blocks (all keys within reach of the band) plus the global keys, and the band and padding masks
+    remove the rest. Global queries attend to every key through the eager kernel, `(n_global, seq)` scores per head.
+
+    query/key/value: `(batch, heads, seq, head_dim)`; attention_mask: the boolean padding mask `(batch, 1, 1, seq)`
+    (True = may attend) or None. Returns `(batch, seq, heads, head_dim)` and no weights: for weights, run the model
+    with `attn_implementation="eager"`.
+    """
+    if sliding_window is None:
+        raise ValueError("local_attention_forward needs sliding_window, the number of tokens seen on each side.")
+    batch, heads, seq, head_dim = query.shape
+    block = max(1, min(max(sliding_window, MIN_LOCAL_BLOCK), seq))  # no block longer than the sequence
+    blocks = -(-seq // block)
+    tail = blocks * block - seq  # padding that fills the last block
+    glob = _global_index(global_positions, seq, query.device)  # (n_global,)
+    keys, values = _block_keys_and_values(key, value, glob, block, tail)
+    allowed = _local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)  # (b or 1, 1, blocks, block, k)
+    # Scaling the queries costs seq * head_dim multiplications; scaling the scores would cost seq * 3 * block.
+    queries = F.pad(query * scaling, (0, 0, 0, tail)).view(batch, heads, blocks, block, head_dim)
+    scores = torch.matmul(queries, keys)  # (batch, heads, blocks, block, k = 3 * block + n_global)
+    # In place: the largest tensor here is written once more, not copied. Keys out of reach get finfo.min, so their
+    # softmax weights underflow to exactly zero wherever a row has any key in reach.
+    scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
+    # float32 at least (as in the eager kernel), float64 stays float64 so that its finfo.min stays finite.
+    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
+    del scores  # free it before the output is made
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    # Rows with no key in reach got uniform weights over masked keys; like the eager kernel they must give zeros.
+    output = torch.matmul(weights, values) * allowed.any(dim=-1, keepdim=True)  # (batch, heads, blocks, block, hd)
+    output = output.view(batch, heads, blocks * block, head_dim)[:, :, :seq].transpose(1, 2)  # (batch, seq, heads, hd)
+    if glob.numel():
+        global_output, _ = eager_attention_forward(
+            module, query[:, :, glob], key, value, attention_mask, scaling=scaling, dropout=dropout
+        )  # (batch, n_global, heads, head_dim)
+        output = output.index_copy(1, glob, global_output)
+    return output.contiguous(), None
+
+
+def _block_keys_and_values(
+    key: torch.Tensor, value: torch.Tensor, glob: torch.Tensor, block: int, tail: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each block's keys `(batch, heads, blocks, head_dim, 3 * block + n_global)` and values
+    `(batch, heads, blocks, 3 * block + n_global, head_dim)`: its three neighbouring blocks, then the global tokens."""
+    keys = _neighbour_windows(key, 2, block, tail)  # (batch, heads, blocks, head_dim, 3 * block)
+    values = _neighbour_windows(value, 2, block, tail).transpose(-1, -2)  # (batch, heads, blocks, 3 * block, head_dim)
+    if glob.numel():
+        blocks = keys.shape[2]
+        global_keys = key[:, :, None, glob].transpose(-1, -2).expand(-1, -1, blocks, -1, -1)  # (b, h, blocks, hd, g)
+        global_values = value[:, :, None, glob].expand(-1, -1, blocks, -1, -1)  # (batch, heads, blocks, g, head_dim)
+        keys = torch.cat([keys, global_keys], dim=-1)
+        values = torch.cat([values, global_values], dim=-2)
+    return keys, values
+
+
+def _local_block_mask(
+    padding_mask: torch.Tensor | None, glob: torch.Tensor, seq: int, block: int, tail: int, sliding_window: int
+) -> torch.Tensor:
+    """Boolean `(batch or 1, 1, blocks, block, 3 * block + n_global)`: which of a block's keys each query may attend.
+
+    A global key is masked where it falls in a query's neighbouring blocks and scored in its own column instead, so
+    that it counts once.
+    """
+    device = glob.device
+    key_ok = torch.ones(1, seq, dtype=torch.bool, device=device) if padding_mask is None else padding_mask[:, 0, 0]
+    local_ok = _neighbour_windows(key_ok.index_fill(1, glob, False), 1, block, tail)  # (batch or 1, blocks, 3 * block)
+    global_ok = key_ok[:, None, glob].expand(-1, local_ok.shape[1], -1)  # (batch or 1, blocks, n_global)
+    key_ok = torch.cat([local_ok, global_ok], dim=-1)  # (batch or 1, blocks, 3 * block + n_global)
+    # Key column c of a block starting at query b0 holds position b0 - block + c; query row r is position b0 + r.
+    offsets = torch.arange(3 * block, device=device)[None, :] - block - torch.arange(block, device=device)[:, None]
+    in_band = torch.cat(
+        [offsets.abs() <= sliding_window, torch.ones(block, glob.numel(), dtype=torch.bool, device=device)], dim=-1
+    )  # (block, 3 * block + n_global)
+    return in_band & key_ok[:, None, :, None, :]
+
+
+# Sliding-window layers under each attn_implementation of the model. "eager" stays the exact reference: eager attention
+# with the band written out as a (seq, seq) mask, which returns the weights. "sdpa" (the fast choice) runs the blocked
+# kernel. Any other implementation has no local kernel and raises instead of quietly attending to everything.
+LOCAL_ATTENTION_KERNELS = {"eager": "eager", "sdpa": "local_blocked"}
+
+
+def attention_kernel(attn_implementation: str | None, layer_type: str) -> str:
+    """The name of the kernel a layer of `layer_type` ("full_attention" or "sliding_attention") runs."""
+    implementation = attn_implementation or "eager"
+    if layer_type == "full_attention":
+        return implementation
+    if implementation not in LOCAL_ATTENTION_KERNELS:
+        raise ValueError(
+            f"attn_implementation={implementation!r} has no sliding-window kernel; load the model with "
+            f"attn_implementation='sdpa' (blocked local kernel) or 'eager' (the reference), or set sliding_window=None."
+        )
+    return LOCAL_ATTENTION_KERNELS[implementation]
+
+
+def _kernel_function(name: str) -> Callable:
+    if name == "local_blocked":
+        return local_attention_forward
+    return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
+
+
 class SineBertAttention(nn.Module):
     """Multi-head self-attention with one fused QKV projection; the kernel is looked up by name."""
 
@@ -142,6 +295,10 @@ class SineBertAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scaling = self.head_dim**-0.5
         self.is_causal = False  # transformers' SDPA wrapper treats a module without it as causal when mask is None
+        self.layer_type = config.layer_types[layer_idx]
+        local = self.layer_type == "sliding_attention"
+        self.sliding_window = config.sliding_window if local else None
+        self.global_positions = tuple(config.global_attention_positions or ()) if local else ()
         self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
 
@@ -154,14 +311,13 @@ class SineBertAttention(nn.Module):
         # (batch, seq, 3 * hidden) -> (3, batch, heads, seq, head_dim)
         qkv = self.qkv_proj(hidden_states).view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         query, key, value = qkv.unbind(0)
-        implementation = self.config._attn_implementation or "eager"
-        if output_attentions and implementation != "eager":
+        kernel = attention_kernel(self.config._attn_implementation, self.layer_type)
+        if output_attentions and kernel != "eager":
             raise ValueError(
-                f"output_attentions=True needs the eager attention kernel, but this model runs {implementation!r}; "
-                "load it with attn_implementation='eager' (or call model.set_attn_implementation('eager'))."
+                f"output_attentions=True needs the eager attention kernel, but this layer runs {kernel!r}; "
+                "load the model with attn_implementation='eager' (or call model.set_attn_implementation('eager'))."
             )
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        output, weights = attention(
+        output, weights = _kernel_function(kernel)(
             self,
             query,
             key,
@@ -169,9 +325,24 @@ class SineBertAttention(nn.Module):
             attention_mask,
             scaling=self.scaling,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
+            sliding_window=self.sliding_window,
+            global_positions=self.global_positions,
         )
         output = output.reshape(batch, seq, hidden)  # (batch, seq, heads, head_dim) -> (batch, seq, hidden)
         return self.out_proj(output), weights
+
+    def kernel_description(self) -> str:
+        """What this layer attends to and which kernel runs it, e.g. `sliding_attention(window=128, global=[0]) via
+        local_blocked`; raises ValueError where the model's attn_implementation has no kernel for it."""
+        kernel = attention_kernel(self.config._attn_implementation, self.layer_type)
+        if self.layer_type == "full_attention":
+            return f"full_attention via {kernel}"
+        return f"sliding_attention(window={self.sliding_window}, global={list(self.global_positions)}) via {kernel}"
+
+    def extra_repr(self) -> str:
+        if self.layer_type == "full_attention":
+            return "layer_type=full_attention"
+        return f"layer_type=sliding_attention, sliding_window={self.sliding_window}, global={list(self.global_positions)}"
 
 
 class SineBertMLP(nn.Module):
@@ -221,6 +392,12 @@ class SineBertPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_attention_backend = False
     _no_split_modules = ["SineBertLayer"]
+
+    def attention_kernels(self) -> list[str]:
+        """Per encoder layer, its attention and the kernel that runs it under the current attn_implementation, e.g.
+        `["full_attention via sdpa", "sliding_attention(window=128, global=[0]) via local_blocked", ...]`. Raises
+        ValueError where a layer has no kernel, exactly as a forward pass would."""
+        return [layer.attention.kernel_description() for layer in self.base_model.layers]
 
     def _init_weights(self, module: nn.Module):
         super()._init_weights(module)
@@ -281,11 +458,11 @@ class SineBertModel(SineBertPreTrainedModel):
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-        mask = _padding_mask(attention_mask)  # built once, shared by every layer
+        masks = self._layer_masks(attention_mask, hidden_states.shape[1], hidden_states.device)
         all_hidden_states, all_attentions = [], []
         for layer in self.layers:
             all_hidden_states.append(hidden_states)
-            hidden_states, weights = layer(hidden_states, mask, output_attentions)
+            hidden_states, weights = layer(hidden_states, masks[layer.attention.layer_type], output_attentions)
             all_attentions.append(weights)
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
@@ -295,6 +472,21 @@ class SineBertModel(SineBertPreTrainedModel):
             hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
+
+
+    def _layer_masks(self, attention_mask: torch.Tensor | None, seq: int, device: torch.device) -> dict:
+        """The masks of one forward pass, built once and keyed by layer type: the padding mask `(batch, 1, 1, seq)`
+        (or None) for full attention; for sliding-window layers the written-out band `(batch or 1, 1, seq, seq)` under
+        the eager reference, else the padding mask, from which the blocked kernel builds its O(seq * window) masks."""
+        padding = _padding_mask(attention_mask)
+        masks = {"full_attention": padding}
+        if "sliding_attention" in self.config.layer_types:
+            masks["sliding_attention"] = padding
+            if attention_kernel(self.config._attn_implementation, "sliding_attention") == "eager":
+                masks["sliding_attention"] = local_attention_mask(
+                    seq, self.config.sliding_window, self.config.global_attention_positions, padding, device
+                )
+        return masks
 
 
 class SineBertPredictionHead(nn.Module):
