@@ -1,0 +1,110 @@
+"""Run a training script with one injected fault, chosen by the SINEBERT_FAULT environment variable:
+
+    kill_rank:<rank>:<step>     SIGKILL process <rank> right after optimizer step <step>
+    kill_in_save:<n>            SIGKILL the main process in the middle of writing its n-th checkpoint
+    disk_full:<n>               the n-th checkpoint write fails with "No space left on device"
+    nan_loss:<step>             the training loss of optimizer step <step> is NaN
+
+Usage (also as the script of `accelerate launch`): python tests/fault_injection.py scripts/pretrain.py ARGS...
+The faults are injected by wrapping sinebert's own functions; the script itself is unchanged.
+"""
+
+import errno
+import os
+import runpy
+import signal
+import sys
+
+import torch
+
+from sinebert.training import checkpoint, loop
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def kill_rank(rank: str, step: str):
+    original = loop.Trainer._optimizer_step
+
+    def step_then_die(self, micro_batches):
+        result = original(self, micro_batches)
+        if _rank() == int(rank) and self.state.step + 1 == int(step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    loop.Trainer._optimizer_step = step_then_die
+
+
+def _on_nth_save(n: str, action):
+    """Wrap Accelerator.save_state as the checkpoint manager calls it: `action(folder)` on the n-th call."""
+    calls = {"count": 0}
+
+    def wrap(accelerator):
+        original = accelerator.save_state
+
+        def save_state(folder, **kwargs):
+            calls["count"] += 1
+            result = original(folder, **kwargs)
+            if calls["count"] == int(n) and accelerator.is_main_process:
+                action(folder)
+            return result
+
+        accelerator.save_state = save_state
+
+    manager_init = checkpoint.CheckpointManager.__init__
+
+    def init(self, accelerator, *args, **kwargs):
+        manager_init(self, accelerator, *args, **kwargs)
+        wrap(accelerator)
+
+    checkpoint.CheckpointManager.__init__ = init
+
+
+def kill_in_save(n: str):
+    def die(folder):
+        # Leave a half-written file behind, as a process killed mid-write does.
+        with open(os.path.join(folder, "model.safetensors"), "r+b") as file:
+            file.truncate(100)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    _on_nth_save(n, die)
+
+
+def disk_full(n: str):
+    def fail(folder):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(folder, "optimizer.bin"))
+
+    _on_nth_save(n, fail)
+
+
+def nan_loss(step: str):
+    original = loop.Trainer._optimizer_step
+
+    def poisoned(self, micro_batches):
+        if self.state.step + 1 == int(step):
+            real_forward = self.model.forward
+
+            def forward(*args, **kwargs):
+                outputs = real_forward(*args, **kwargs)
+                outputs.loss = outputs.loss * torch.tensor(float("nan"))
+                return outputs
+
+            self.model.forward = forward
+            try:
+                return original(self, micro_batches)
+            finally:
+                self.model.forward = real_forward
+        return original(self, micro_batches)
+
+    loop.Trainer._optimizer_step = poisoned
+
+
+FAULTS = {"kill_rank": kill_rank, "kill_in_save": kill_in_save, "disk_full": disk_full, "nan_loss": nan_loss}
+
+if __name__ == "__main__":
+    name, *params = os.environ["SINEBERT_FAULT"].split(":")
+    FAULTS[name](*params)
+    script, *arguments = sys.argv[1:]
+    sys.argv = [script, *arguments]
+    runpy.run_path(script, run_name="__main__")
