@@ -47,6 +47,10 @@ def add_model_arguments(parser: argparse.ArgumentParser):
     group.add_argument("--tokenizer_name", help="A tokenizer folder (or hub name); defaults to --model_name_or_path.")
     group.add_argument("--trust_remote_code", action="store_true", help="Allow hub checkpoints that ship code.")
     group.add_argument(
+        "--allow_pickle_weights", action="store_true",
+        help="Also load *.bin (pickle) weights; they can run code, so only for files you trust. Default: safetensors only.",
+    )
+    group.add_argument(
         "--attn_implementation", choices=("sdpa", "eager"), default=None,
         help="Attention kernel: sdpa (default, fast) or eager (the reference, returns attention weights).",
     )

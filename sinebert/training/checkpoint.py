@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -155,6 +156,17 @@ class CheckpointManager:
         raise CheckpointError("No intact checkpoint to resume from: " + " ".join(errors))
 
     def load(self, path: Path) -> dict:
-        """Restore the accelerator state from `path`; returns its trainer state."""
-        self.accelerator.load_state(str(path))
+        """Restore the accelerator state from `path`; returns its trainer state.
+
+        Optimizer, scheduler and RNG files are read with `torch.load(weights_only=True)` (accelerate's default),
+        which refuses anything but tensors and plain containers: a crafted pickle cannot run code here.
+        """
+        try:
+            self.accelerator.load_state(str(path))
+        except pickle.UnpicklingError as error:
+            raise CheckpointError(
+                f"Checkpoint {path} holds a file with pickled objects other than tensors "
+                f"({str(error).splitlines()[0][:160]}); it was refused because unpickling such objects can run code. "
+                "Resume from a checkpoint this project wrote."
+            ) from None
         return json.loads((path / TRAINER_STATE).read_text())

@@ -417,12 +417,22 @@ class Trainer:
 
 
 def save_final(accelerator: Accelerator, model: nn.Module, tokenizer, output_dir: str | Path, results: dict):
-    """`save_pretrained` of the unwrapped model (safetensors) with its tokenizer and `all_results.json`."""
+    """`save_pretrained` of the unwrapped model (safetensors) with its tokenizer and `all_results.json`.
+
+    Everything is written to a staging folder first and then moved in file by file with atomic renames, so a
+    crash never leaves a half-written model file in `output_dir`.
+    """
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        model.save_pretrained(output_dir, safe_serialization=True)
-        tokenizer.save_pretrained(output_dir)
-        write_json(Path(output_dir) / "all_results.json", results)
+        output = Path(output_dir)
+        staging = output / ".tmp-final"
+        shutil.rmtree(staging, ignore_errors=True)
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        write_json(staging / "all_results.json", results)
+        for file in staging.iterdir():
+            os.replace(file, output / file.name)
+        staging.rmdir()
     accelerator.wait_for_everyone()
 
 

@@ -78,9 +78,17 @@ def load_pretrained(auto_class, args, tokenizer, **config_values):
     attn = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
     if not args.model_name_or_path:
         return auto_class.from_config(scratch_config(args, tokenizer, **config_values), **attn)
+    path = Path(args.model_name_or_path)
+    if path.is_dir() and not list(path.glob("*.safetensors")) and list(path.glob("*.bin")):
+        if not args.allow_pickle_weights:
+            raise UserError(
+                f"{path} holds only pickle weights (*.bin), and loading a pickle can run arbitrary code; convert "
+                "them to safetensors, or pass --allow_pickle_weights if you trust whoever wrote them."
+            )
     try:
         model = auto_class.from_pretrained(
-            args.model_name_or_path, trust_remote_code=args.trust_remote_code, **config_values, **attn
+            args.model_name_or_path, trust_remote_code=args.trust_remote_code,
+            use_safetensors=None if args.allow_pickle_weights else True, **config_values, **attn,
         )
     except OSError as error:
         raise UserError(f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {error}")
