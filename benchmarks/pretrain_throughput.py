@@ -1,0 +1,108 @@
+"""End-to-end pretraining throughput of scripts/pretrain.py through `accelerate launch`.
+
+    python benchmarks/pretrain_throughput.py            # fp32 and bf16, one and two processes
+    python benchmarks/pretrain_throughput.py --quick    # a few steps, to check the benchmark runs
+
+Runs the real script (data loading, masking, optimizer, logging) for a fixed number of steps on the unlabelled text
+of the training splits in ../shared/data, and reads the tokens/s it logged after a warm-up window. Writes
+benchmarks/results/pretrain_throughput.{json,md}.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+RESULTS = ROOT / "benchmarks" / "results"
+MODEL = ["--hidden_size", "256", "--num_hidden_layers", "4", "--num_attention_heads", "4", "--intermediate_size", "1024"]
+
+
+def training_text(folder: Path, max_lines: int) -> Path:
+    """SST-2 train sentences and CoNLL-2003 train sentences: unlabelled text of training splits only."""
+    lines = [row.split("\t")[0] for row in (DATA / "sst2" / "train.tsv").read_text().splitlines()[1:]]
+    sentence = []
+    for row in (DATA / "conll2003" / "train.txt").read_text().splitlines():
+        if row.strip():
+            sentence.append(row.split()[0])
+        elif sentence:
+            lines.append(" ".join(sentence))
+            sentence = []
+    path = folder / "train.txt"
+    path.write_text("\n".join(lines[:max_lines]) + "\n")
+    return path
+
+
+def launch(processes: int, precision: str, args: list[str]) -> subprocess.CompletedProcess:
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--dynamo_backend", "no",
+                "--mixed_precision", precision]
+    if processes == 1:
+        launcher += ["--num_processes", "1", "--num_cpu_threads_per_process", str(os.cpu_count())]
+    else:
+        launcher += ["--multi_gpu", "--num_processes", str(processes),
+                     "--num_cpu_threads_per_process", str(max(1, os.cpu_count() // processes))]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([*launcher, str(ROOT / "scripts" / "pretrain.py"), *args], capture_output=True, text=True,
+                            env=env, cwd=ROOT)
+    if result.returncode != 0:
+        raise SystemExit(f"pretraining failed:\n{result.stderr[-3000:]}")
+    return result
+
+
+def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: Path, steps: int, batch: int) -> dict:
+    out = work / f"run_{processes}_{precision}"
+    start = time.perf_counter()
+    launch(processes, precision, [
+        "--train_file", str(data), "--tokenizer_name", str(tokenizer), *MODEL, "--max_seq_length", "128",
+        "--per_device_train_batch_size", str(batch // processes), "--max_train_steps", str(steps),
+        "--logging_steps", "5", "--eval_steps", str(10 * steps), "--max_eval_samples", "64",
+        "--output_dir", str(out), "--overwrite_output_dir",
+    ])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    windows = [r["tokens_per_second"] for r in rows if "tokens_per_second" in r][1:]  # first window: warm-up
+    return {
+        "processes": processes, "precision": precision, "tokens_per_second": statistics.median(windows),
+        "steps": steps, "global_batch": batch, "wall_seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="A few steps of one configuration.")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=32, help="Global batch (split over processes).")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        data = training_text(work, 20000)
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "train_tokenizer.py"), "--train_file", str(data),
+                        "--vocab_size", "16000", "--output_dir", str(work / "tokenizer")], check=True,
+                       capture_output=True)
+        configs = [(1, "no")] if args.quick else [(1, "no"), (1, "bf16"), (2, "no"), (2, "bf16")]
+        steps = 10 if args.quick else args.steps
+        results = [measure(p, precision, data, work / "tokenizer", work, steps, args.batch) for p, precision in configs]
+    report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
+              f"{os.cpu_count()} cores", "model": "hidden 256, 4 layers, 4 heads, FFN 1024, vocab 16000, seq 128",
+              "results": results}
+    if args.quick:
+        print(json.dumps(report, indent=2))
+        return
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "pretrain_throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"Pretraining throughput of scripts/pretrain.py ({report['model']}, global batch {args.batch}), "
+             f"{report['date']}, {report['machine']}.", "", "| processes | precision | tokens/s |", "|---|---|---|"]
+    lines += [f"| {r['processes']} | {'fp32' if r['precision'] == 'no' else r['precision']} | "
+              f"{r['tokens_per_second']:,.0f} |" for r in results]
+    (RESULTS / "pretrain_throughput.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
