@@ -14,6 +14,8 @@ def pack_texts(texts: list[str], tokenizer, block_size: int) -> list[list[int]]:
 
     Nothing is padded and nothing is dropped: the last block of each batch of texts may be shorter.
     """
+    if not texts:
+        return []
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     stream = []
     for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:

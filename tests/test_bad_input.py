@@ -1,0 +1,58 @@
+"""Bad input to pretraining ends with one clear sentence naming the file, column or value, and writes nothing."""
+
+import json
+
+import pytest
+
+from tests.conftest import load_script, user_error
+
+pretrain = load_script("pretrain")
+TINY = ["--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 2, "--intermediate_size", 64,
+        "--max_seq_length", 32, "--per_device_train_batch_size", 4, "--max_train_steps", 1]
+
+
+@pytest.fixture
+def files(tmp_path, sst2_sentences):
+    (tmp_path / "reviews.csv").write_text("id,review\n" + "".join(f'{i},"{s}"\n' for i, s in enumerate(sst2_sentences[:50])))
+    ascii_only = [s for s in sst2_sentences if s.isascii()][:50]
+    (tmp_path / "latin1.txt").write_bytes(("\n".join(ascii_only) + "\ncaf\u00e9 cr\u00e8me\n").encode("latin-1"))
+    (tmp_path / "blank.txt").write_text("\n  \n\t\n\n")
+    (tmp_path / "data.parquet").write_bytes(b"PAR1")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--train_file", "reviews.csv"], "Found no text column among ['id', 'review']; name it with --text_column_name"),
+        (["--train_file", "reviews.csv", "--text_column_name", "body"],
+         "--text_column_name 'body' is not a column of the data; its columns are ['id', 'review']"),
+        (["--train_file", "latin1.txt"], "latin1.txt line 51 is not valid utf-8"),
+        (["--train_file", "blank.txt"], "The 'text' column is empty after dropping blank lines"),
+        (["--train_file", "data.parquet"], "has the extension '.parquet'; use .txt, .csv, .tsv, .json or .jsonl"),
+        (["--train_file", "reviews.csv", "--text_column_name", "review", "--hidden_size", 31],
+         "hidden_size=31 is not divisible by num_attention_heads=2"),
+        (["--train_file", "reviews.csv", "--text_column_name", "review", "--mlm_probability", 1.5],
+         "--mlm_probability must be in (0, 1), got 1.5"),
+    ],
+)
+def test_bad_data_and_settings(files, tokenizer_dir, capsys, extra, message):
+    extra = [str(files / e) if str(e).endswith((".csv", ".txt", ".parquet")) else e for e in extra]
+    argv = [*TINY, "--tokenizer_name", tokenizer_dir, *extra, "--output_dir", files / "out"]
+    assert message in user_error(capsys, pretrain, argv)
+    assert not (files / "out" / "model.safetensors").exists()
+
+
+def test_other_encodings_are_read_with_encoding(files, tokenizer_dir):
+    out = files / "out"
+    pretrain.main([str(a) for a in [*TINY, "--tokenizer_name", tokenizer_dir, "--train_file", files / "latin1.txt",
+                                    "--encoding", "latin-1", "--validation_split_percentage", 20, "--output_dir", out]])
+    assert json.loads((out / "all_results.json").read_text())["train_steps"] == 1
+
+
+def test_config_file_values_are_checked(files, tokenizer_dir, capsys):
+    config = files / "run.json"
+    config.write_text(json.dumps({"lr_scheduler_type": "exponential"}))
+    with pytest.raises(SystemExit):
+        pretrain.parse_args(["--config_file", str(config), "--output_dir", str(files / "out")])
+    assert "lr_scheduler_type='exponential' is not one of" in capsys.readouterr().err
