@@ -85,28 +85,44 @@ def extract_answers(
     return answers[:top_k]
 
 
-def encode_windows(tokenizer, question: str, context: str, max_seq_len: int, doc_stride: int):
-    """Tokenize (question, context) into overlapping windows of at most `max_seq_len` tokens.
+def tokenize_windows(tokenizer, questions: list[str], contexts: list[str], max_seq_len: int, doc_stride: int,
+                     **kwargs):
+    """Tokenize (question, context) pairs into overlapping windows of at most `max_seq_len` tokens.
 
-    Returns the fast tokenizer's encoding (tensors `(windows, seq)`, offset_mapping included) and a boolean
-    `(windows, seq)` mask of context tokens. `doc_stride` is the overlap between consecutive windows, in tokens.
+    The one place that decides how windows are cut, shared by the pipeline and the fine-tuning script so both see
+    the same tokens. `doc_stride` is the overlap between consecutive windows, in tokens; `kwargs` go to the
+    tokenizer (padding, return_tensors). The encoding has `offset_mapping` and `overflow_to_sample_mapping`.
     """
     pad_right = tokenizer.padding_side == "right"
-    encoding = tokenizer(
-        question if pad_right else context,
-        context if pad_right else question,
+    return tokenizer(
+        questions if pad_right else contexts,
+        contexts if pad_right else questions,
         truncation="only_second" if pad_right else "only_first",
         max_length=max_seq_len,
         stride=doc_stride,
         return_overflowing_tokens=True,
         return_offsets_mapping=True,
-        padding=True,
-        return_tensors="pt",
+        **kwargs,
     )
-    context_index = 1 if pad_right else 0
+
+
+def context_token_mask(tokenizer, encoding, window: int) -> list[bool]:
+    """True on the tokens of window `window` that belong to the context (not question, special or padding)."""
+    context_index = 1 if tokenizer.padding_side == "right" else 0
+    return [sid == context_index for sid in encoding.sequence_ids(window)]
+
+
+def encode_windows(tokenizer, question: str, context: str, max_seq_len: int, doc_stride: int):
+    """Tokenize one (question, context) into overlapping windows of at most `max_seq_len` tokens.
+
+    Returns the fast tokenizer's encoding (tensors `(windows, seq)`, offset_mapping included) and a boolean
+    `(windows, seq)` mask of context tokens. `doc_stride` is the overlap between consecutive windows, in tokens.
+    """
+    encoding = tokenize_windows(
+        tokenizer, [question], [context], max_seq_len, doc_stride, padding=True, return_tensors="pt"
+    )
     context_mask = torch.tensor(
-        [[sid == context_index for sid in encoding.sequence_ids(i)] for i in range(len(encoding["input_ids"]))],
-        dtype=torch.bool,
+        [context_token_mask(tokenizer, encoding, i) for i in range(len(encoding["input_ids"]))], dtype=torch.bool
     )
     return encoding, context_mask
 

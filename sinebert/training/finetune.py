@@ -1,0 +1,197 @@
+"""What the three fine-tuning scripts (classification, NER, extractive QA) share around the training loop: their
+common arguments, padding, data loaders, evaluation in dataset order across processes, and the final save.
+
+A task module (classification.py, ner.py, qa.py) turns its data into rows of token ids and provides an
+`Evaluation`; the script wires them into `Trainer` and ends with `finish`.
+"""
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from .errors import UserError
+from .loop import Task, Trainer, save_final
+from .models import load_pretrained
+from .reporting import write_model_card
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def add_finetune_arguments(parser: argparse.ArgumentParser, *, max_length: int):
+    group = parser.add_argument_group("fine-tuning")
+    group.add_argument(
+        "--max_length", "--max_seq_length", dest="max_length", type=int, default=max_length,
+        help="Tokens per input, special tokens included; longer inputs are truncated (QA: split into windows).",
+    )
+    group.add_argument(
+        "--early_stopping_patience", type=int,
+        help="End training after this many evaluations in a row without improvement of the main metric.",
+    )
+    group.add_argument(
+        "--ignore_mismatched_sizes", action="store_true",
+        help="Start from a checkpoint whose task head has another number of labels (that head is re-initialised).",
+    )
+
+
+def load_model(auto_class, args, tokenizer, **config_values) -> nn.Module:
+    """`load_pretrained` with --ignore_mismatched_sizes passed on when starting from a checkpoint."""
+    if args.model_name_or_path and args.ignore_mismatched_sizes:
+        config_values["ignore_mismatched_sizes"] = True
+    return load_pretrained(auto_class, args, tokenizer, **config_values)
+
+
+def take(rows: list, limit: int | None) -> list:
+    """The first `limit` rows (all when `limit` is None), as --max_train_samples / --max_eval_samples ask."""
+    return rows if limit is None else rows[:limit]
+
+
+class PaddingCollator:
+    """Batches rows of Python lists: pads the token-aligned fields to the longest row (with the pad id, 0 for the
+    masks, -100 for token labels) and stacks every other field (scalar labels, multi-hot rows, indices)."""
+
+    def __init__(self, pad_token_id: int, token_labels: bool = False):
+        self.pads = {"input_ids": pad_token_id, "attention_mask": 0, "token_type_ids": 0}
+        if token_labels:
+            self.pads["labels"] = -100
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        batch = {}
+        for key in rows[0]:
+            values = [row[key] for row in rows]
+            if key in self.pads:
+                padded = torch.full((len(values), max(map(len, values))), self.pads[key], dtype=torch.long)
+                for i, value in enumerate(values):
+                    padded[i, : len(value)] = torch.tensor(value, dtype=torch.long)
+                batch[key] = padded  # (batch, longest row)
+            else:
+                batch[key] = torch.tensor(values)
+        return batch
+
+
+def make_dataloaders(args, accelerator: Accelerator, train_rows: list[dict], eval_rows: list[dict],
+                     collator: PaddingCollator):
+    """The training loader (prepared later by `Trainer`) and the prepared evaluation loader.
+
+    Evaluation rows carry `example_index`, their position, so that predictions come back in dataset order.
+    """
+    if not train_rows:
+        raise UserError("There is no training example left to train on; check the training data and its columns.")
+    if not eval_rows:
+        raise UserError("There is no evaluation example; give --validation_file or a larger training set.")
+    train = torch.utils.data.DataLoader(
+        train_rows, batch_size=args.per_device_train_batch_size, shuffle=True, collate_fn=collator,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    indexed = [{**row, "example_index": i} for i, row in enumerate(eval_rows)]
+    evaluation = torch.utils.data.DataLoader(
+        indexed, batch_size=args.per_device_eval_batch_size or args.per_device_train_batch_size, collate_fn=collator
+    )
+    return train, accelerator.prepare(evaluation)
+
+
+def predict_in_order(model: nn.Module, dataloader, accelerator: Accelerator,
+                     outputs: Callable[[dict, object], dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """Run `model` over a prepared evaluation loader and return, per evaluation row and in dataset order, the
+    tensors `outputs(batch, model_output)` computes (each `(batch, ...)`).
+
+    Every process gets all rows. Rows are gathered from all processes (padded along dim 1 to a common length, so a
+    row may end in padding) and the copies accelerate adds to even out the last batch are dropped.
+    """
+    rows = {}
+    for batch in dataloader:
+        index = batch.pop("example_index")
+        with accelerator.autocast():
+            output = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        values = {
+            name: accelerator.pad_across_processes(value, dim=1) if value.dim() > 1 else value
+            for name, value in outputs(batch, output).items()
+        }
+        index, values = accelerator.gather_for_metrics((index, values))
+        for row, position in enumerate(index.tolist()):
+            rows[position] = {name: value[row].cpu() for name, value in values.items()}
+    return [rows[i] for i in range(len(rows))]
+
+
+class Evaluation:
+    """`Task.evaluate` for a fine-tuning script: predicts the evaluation rows, scores them, and keeps the
+    predictions of the latest evaluation for the final save.
+
+    Subclasses set `main_metric`, `greater_is_better`, `plot_metrics` and implement `outputs` (what to gather of a
+    batch), `score` (predictions and metrics from the gathered rows) and `write` (the predictions file).
+    """
+
+    main_metric: str = "eval_loss"
+    greater_is_better: bool = False
+    plot_metrics: tuple[str, ...] = ()
+
+    def __init__(self, dataloader, accelerator: Accelerator):
+        self.dataloader, self.accelerator = dataloader, accelerator
+        self.predictions = None
+
+    def __call__(self, model: nn.Module) -> dict:
+        rows = predict_in_order(model, self.dataloader, self.accelerator, self.outputs)
+        self.predictions, metrics = self.score(rows)
+        return {f"eval_{name}": value for name, value in metrics.items()}
+
+    def task(self, args, count: Callable[[dict], int]) -> Task:
+        return Task(
+            count=count, evaluate=self, main_metric=self.main_metric, greater_is_better=self.greater_is_better,
+            early_stopping_patience=args.early_stopping_patience, plot_metrics=self.plot_metrics,
+        )
+
+    def outputs(self, batch: dict, output) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def score(self, rows: list[dict[str, torch.Tensor]]) -> tuple[list, dict]:
+        raise NotImplementedError
+
+    def write(self, output_dir: Path):
+        raise NotImplementedError
+
+
+def finish(args, accelerator: Accelerator, trainer: Trainer, tokenizer, evaluation: Evaluation, results: dict,
+           card: dict) -> nn.Module:
+    """The end of every fine-tuning run: curves, `save_pretrained` with the tokenizer and `all_results.json`, the
+    predictions of the final model and a model card (`card`: title, summary, usage and task-specific details).
+    Returns the unwrapped model."""
+    if evaluation.predictions is None:  # a run resumed at its last step evaluates nothing during `fit`
+        trainer.model.eval()
+        with torch.no_grad():
+            evaluation(trainer.model)
+    trainer.plot(card["title"])
+    model = trainer.unwrapped_model()
+    save_final(accelerator, model, tokenizer, args.output_dir, results)
+    if accelerator.is_main_process:
+        evaluation.write(Path(args.output_dir))
+        details = {**training_details(args, accelerator, model, results), **card.get("details", {})}
+        write_model_card(Path(args.output_dir) / "README.md", **{**card, "details": details}, results=results)
+    accelerator.wait_for_everyone()
+    return model
+
+
+def training_details(args, accelerator: Accelerator, model: nn.Module, results: dict) -> dict:
+    """The model-card lines every fine-tuning run shares."""
+    config = model.config
+    start = args.model_name_or_path or "scratch (no pretraining)"
+    return {
+        "data": args.dataset_name or ", ".join(args.train_file or []),
+        "started from": start,
+        "size": f"hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} "
+                f"heads, FFN {config.intermediate_size}, vocabulary {config.vocab_size}",
+        "steps": f"{results['train_steps']} of batch {args.per_device_train_batch_size} x "
+                 f"{accelerator.num_processes} processes x {args.gradient_accumulation_steps} accumulation",
+        "max length": args.max_length,
+        "learning rate": f"{args.learning_rate} ({args.lr_scheduler_type} schedule)",
+        "mixed precision": accelerator.mixed_precision,
+    }
+
+
+def write_jsonl(path: Path, rows: list[dict]):
+    with Path(path).open("w", encoding="utf-8") as file:
+        for row in rows:
+            file.write(json.dumps(row, ensure_ascii=False) + "\n")
