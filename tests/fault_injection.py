@@ -27,8 +27,8 @@ def _rank() -> int:
 def kill_rank(rank: str, step: str):
     original = loop.Trainer._optimizer_step
 
-    def step_then_die(self, micro_batches):
-        result = original(self, micro_batches)
+    def step_then_die(self, *args):
+        result = original(self, *args)
         if _rank() == int(rank) and self.state.step + 1 == int(step):
             os.kill(os.getpid(), signal.SIGKILL)
         return result
@@ -81,7 +81,7 @@ def disk_full(n: str):
 def nan_loss(step: str):
     original = loop.Trainer._optimizer_step
 
-    def poisoned(self, micro_batches):
+    def poisoned(self, *args):
         if self.state.step + 1 == int(step):
             real_forward = self.model.forward
 
@@ -92,10 +92,10 @@ def nan_loss(step: str):
 
             self.model.forward = forward
             try:
-                return original(self, micro_batches)
+                return original(self, *args)
             finally:
                 self.model.forward = real_forward
-        return original(self, micro_batches)
+        return original(self, *args)
 
     loop.Trainer._optimizer_step = poisoned
 

@@ -173,3 +173,17 @@ def test_refuses_to_overwrite_another_run_and_checks_the_vocabulary(corpus, toke
     argv = [*data(corpus, tokenizer_dir), "--config_name", small, "--max_train_steps", 1,
             "--output_dir", tmp_path / "new"]
     assert "The tokenizer has 600 tokens but the model's vocab_size is 100" in user_error(capsys, pretrain, argv)
+
+
+def test_time_budget_sets_the_length_and_the_schedule(corpus, tokenizer_dir, tmp_path):
+    out = tmp_path / "budget"
+    load_script("pretrain").main([str(a) for a in [
+        *data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_minutes", 0.1,
+        "--warmup_ratio", 0.2, "--lr_scheduler_type", "linear", "--logging_steps", 1, "--output_dir", out]])
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["stopped_early"] == "time budget" and 6 <= results["train_seconds"] < 30
+    rates = [r["learning_rate"] for r in rows(out) if "learning_rate" in r]
+    peak = rates.index(max(rates))
+    # Warmup over the first 20% of the time, then a linear decay towards zero at the end of the budget.
+    assert 0 < peak < len(rates) - 1 and rates[-1] < 0.5 * max(rates)
+    assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -141,18 +142,14 @@ class Trainer:
         self.args, self.accelerator, self.task, self.streaming = args, accelerator, task, streaming
         self.evaluate_first = evaluate_first
         batches_per_epoch = None if streaming else len(train_dataloader)
-        self.total_steps = training_steps(args, batches_per_epoch)
+        # A time budget without a step count trains until the budget is spent, with the schedule laid over time.
+        self.time_budget = args.max_train_minutes * 60 if args.max_train_minutes and not args.max_train_steps else None
+        self.total_steps = sys.maxsize if self.time_budget else training_steps(args, batches_per_epoch)
         if args.gradient_checkpointing:
             model.activation_checkpointing_enable()
         optimizer = build_optimizer(model, args)
-        warmup = args.num_warmup_steps
-        if warmup is None:
-            warmup = int(args.warmup_ratio * self.total_steps)
-        # accelerate steps a prepared scheduler once per process per optimizer step, hence the factor.
-        scheduler = get_scheduler(
-            args.lr_scheduler_type, optimizer, num_warmup_steps=warmup * accelerator.num_processes,
-            num_training_steps=self.total_steps * accelerator.num_processes,
-        )
+        self.state = TrainerState()
+        scheduler = self._build_scheduler(optimizer)
         if streaming:
             self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
             self.train_dataloader = train_dataloader
@@ -162,9 +159,28 @@ class Trainer:
             )
         if args.torch_compile:
             self.model = torch.compile(self.model)
-        self.state = TrainerState()
         self.checkpoints = CheckpointManager(accelerator, args.output_dir, args.checkpoints_total_limit)
         self.output_dir = Path(args.output_dir)
+
+    def _build_scheduler(self, optimizer):
+        """Warmup then decay over the run's steps, or over its time budget (progress = training time / budget)."""
+        args, processes = self.args, self.accelerator.num_processes
+        if self.time_budget is None:
+            warmup = args.num_warmup_steps if args.num_warmup_steps is not None else int(args.warmup_ratio * self.total_steps)
+            # accelerate steps a prepared scheduler once per process per optimizer step, hence the factor.
+            return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup * processes,
+                                 num_training_steps=self.total_steps * processes)
+        if args.num_warmup_steps is not None:
+            raise UserError("With --max_train_minutes and no --max_train_steps the warmup is a share of the time: "
+                            "use --warmup_ratio instead of --num_warmup_steps.")
+        # The same shape as the step schedule, read at the fraction of the budget spent (1000 points).
+        shape = get_scheduler(args.lr_scheduler_type, torch.optim.SGD([torch.zeros(1)], lr=1.0),
+                              num_warmup_steps=int(args.warmup_ratio * 1000), num_training_steps=1000).lr_lambdas[0]
+
+        def by_time(_):
+            return shape(min(1000, int(1000 * self.state.training_seconds / self.time_budget)))
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, by_time)
 
     # ----- the run -----
 
@@ -177,7 +193,7 @@ class Trainer:
         if args.with_tracking:
             accelerator.init_trackers(self.output_dir.name, {k: v for k, v in vars(args).items() if _scalar(v)})
         progress = tqdm(
-            total=self.total_steps, initial=self.state.step, disable=not accelerator.is_local_main_process,
+            total=None if self.time_budget else self.total_steps, initial=self.state.step, disable=not accelerator.is_local_main_process,
             desc="training", dynamic_ncols=True,
         )
         if self.evaluate_first and self.state.step == 0:
@@ -189,10 +205,9 @@ class Trainer:
         while self.state.step < self.total_steps and stop_reason is None:
             step_start = time.perf_counter()
             micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
-            loss, tokens, stop = self._optimizer_step(micro_batches)
+            loss, tokens, stop = self._optimizer_step(micro_batches, step_start)
             self.state.step += 1
             self.state.tokens += tokens
-            self.state.training_seconds += time.perf_counter() - step_start
             window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + tokens
             progress.update(1)
             if self.state.step % args.logging_steps == 0 or self.state.step == self.total_steps:
@@ -215,7 +230,8 @@ class Trainer:
                 self.save_checkpoint()
         progress.close()
         if stop_reason:
-            accelerator.print(f"Stopped at step {self.state.step}/{self.total_steps}: {stop_reason}.")
+            planned = "" if self.time_budget else f" of {self.total_steps}"
+            accelerator.print(f"Stopped after step {self.state.step}{planned}: {stop_reason}.")
         if not self.state.history or self.state.history[-1]["step"] != self.state.step:
             self._evaluate(log)
         if args.checkpointing_steps and self.checkpoints.path_for(self.state.step) not in self.checkpoints.complete():
@@ -237,7 +253,7 @@ class Trainer:
 
     # ----- one optimizer step -----
 
-    def _optimizer_step(self, micro_batches: list[dict]) -> tuple[float, int, bool]:
+    def _optimizer_step(self, micro_batches: list[dict], step_start: float) -> tuple[float, int, bool]:
         """Forward/backward every micro-batch, then clip and step. Returns (mean loss, tokens, stop flag)."""
         accelerator, model = self.accelerator, self.model
         counts = [self.task.count(batch) for batch in micro_batches]
@@ -258,15 +274,21 @@ class Trainer:
             accelerator.backward(loss * scale)
             loss_sum += loss.detach().float().item()
             tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+        self.state.training_seconds += time.perf_counter() - step_start
         over_time = (
             self.args.max_train_minutes is not None
             and self.state.training_seconds >= self.args.max_train_minutes * 60
             and accelerator.is_main_process
         )
+        # One small all-reduce carries the loss, the NaN and time-out flags, the token count, and the main process's
+        # clock (which the time-based schedule reads, so every process sees the same learning rate).
+        clock = self.state.training_seconds if accelerator.is_main_process else 0.0
         flags = torch.tensor(
-            [loss_sum, float(not math.isfinite(loss_sum)), float(over_time), float(tokens)], device=accelerator.device
+            [loss_sum, float(not math.isfinite(loss_sum)), float(over_time), float(tokens), clock],
+            dtype=torch.float64, device=accelerator.device,
         )
-        loss_sum, nonfinite, stop, tokens = accelerator.reduce(flags, "sum").tolist()
+        loss_sum, nonfinite, stop, tokens, clock = accelerator.reduce(flags, "sum").tolist()
+        self.state.training_seconds = clock
         if nonfinite:
             self._handle_nonfinite()
         else:
