@@ -94,13 +94,13 @@ def find_columns(splits: DatasetDict, args) -> Columns:
     label = pick_column(names, args.label_column_name, LABEL_COLUMNS, "--label_column_name", "label")
     if args.task_name:
         text, pair = GLUE_TASKS[args.task_name]
-    elif args.text_column_name:
-        text = pick_column(names, args.text_column_name, (), "--text_column_name", "text")
-        pair = pick_column(names, args.text_pair_column_name, (), "--text_pair_column_name", "text pair")
-        pair = pair if args.text_pair_column_name else None
     else:
         found = [(a, b) for a, b in PAIR_COLUMNS if a in names and b in names]
-        text, pair = found[0] if found else (pick_column(names, None, TEXT_COLUMNS, "--text_column_name", "text"), None)
+        if args.text_column_name or not found:
+            text = pick_column(names, args.text_column_name, TEXT_COLUMNS, "--text_column_name", "text")
+            pair = None
+        else:
+            text, pair = found[0]
         if args.text_pair_column_name:
             pair = pick_column(names, args.text_pair_column_name, (), "--text_pair_column_name", "text pair")
     columns = Columns(text, pair, label)

@@ -66,7 +66,28 @@ def load_splits(args, streaming: bool = False) -> DatasetDict | IterableDatasetD
         return load_dataset(builder, data_files=data_files, streaming=streaming, **options)
     except datasets.exceptions.DatasetGenerationError as error:
         cause = error.__cause__ or error
+        if "column names don't match" in str(cause):
+            columns = "; ".join(f"{f} has {file_columns(f, builder, options)}" for f in all_files)
+            raise UserError(f"The data files do not all have the same columns ({columns}); give every file the "
+                            "same column names.") from error
         raise UserError(f"Could not read {', '.join(all_files)} as {builder}: {cause}") from error
+
+
+def file_columns(file: str, builder: str, options: dict) -> list[str]:
+    """The column names of a csv/tsv file (its header) or a json/jsonl file (the keys of its first record)."""
+    import csv
+    import json
+
+    with open(file, encoding=options.get("encoding", "utf-8")) as handle:
+        if builder == "csv":
+            return next(csv.reader(handle, delimiter=options.get("sep", ",")), [])
+        text = handle.read()
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        document = json.loads(next(line for line in text.splitlines() if line.strip()))
+    record = document[0] if isinstance(document, list) and document else document
+    return list(record) if isinstance(record, dict) else []
 
 
 def check_encoding(files: list[str], encoding: str, sample_bytes: int = 64 << 20):

@@ -1,0 +1,235 @@
+"""Loading fine-tuning data: column and label discovery, CoNLL reading, IOB schemes, sub-token alignment, SQuAD
+windows; and the one-sentence errors for data that cannot be used."""
+
+import argparse
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from sinebert.training.classification import load_classification_data
+from sinebert.training.errors import UserError
+from sinebert.training.ner import Sentence, encode_sentences, load_ner_data, read_conll, to_iob2
+from sinebert.training.qa import answer_token_span, encode_examples, load_qa_data, read_squad_json, to_examples
+
+
+def namespace(**values) -> argparse.Namespace:
+    """The arguments the loaders read, with the scripts' defaults."""
+    defaults = dict(
+        dataset_name=None, dataset_config_name=None, train_file=None, validation_file=None, encoding="utf-8",
+        validation_split_percentage=10.0, seed=0, max_train_samples=None, max_eval_samples=None, max_length=64,
+        trust_remote_code=False, task_name=None, text_column_name=None, text_pair_column_name=None,
+        label_column_name=None, problem_type=None, label_separator=",", conll_token_column=0, conll_tag_column=-1,
+        label_scheme="IOB2", label_all_tokens=False, question_column_name=None, context_column_name=None,
+        answer_column_name=None, version_2_with_negative=False, doc_stride=16,
+    )
+    return argparse.Namespace(**{**defaults, **values})
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dir):
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def write(path, text: str):
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def one_sentence(error: pytest.ExceptionInfo) -> str:
+    message = str(error.value)
+    assert "\n" not in message and message.endswith("."), message
+    return message
+
+
+# ----- classification -----
+
+
+def test_string_labels_get_sorted_ids_and_pairs_are_found(tmp_path, tokenizer):
+    train = write(tmp_path / "train.csv", "premise,hypothesis,label\na cat,an animal,yes\na car,a fruit,no\n"
+                                          "a dog,a pet,yes\n")
+    valid = write(tmp_path / "valid.csv", "premise,hypothesis,label\na rose,a flower,yes\n")
+    data = load_classification_data(namespace(train_file=[train], validation_file=[valid]), tokenizer)
+    assert (data.columns.text, data.columns.pair, data.columns.label) == ("premise", "hypothesis", "label")
+    assert data.labels.config_values()["id2label"] == {0: "no", 1: "yes"}
+    assert [row["labels"] for row in data.train_rows] == [1, 0, 1] and data.eval_targets == [1]
+    pair = tokenizer("a rose", "a flower")
+    assert data.eval_rows[0]["input_ids"] == pair["input_ids"]
+    assert data.eval_rows[0]["token_type_ids"] == pair["token_type_ids"]
+
+
+def test_integer_labels_and_named_columns(tmp_path, tokenizer):
+    train = write(tmp_path / "train.tsv", "review\tstars\ngood\t5\nbad\t1\nfine\t3\n")
+    valid = write(tmp_path / "valid.tsv", "review\tstars\nok\t3\n")
+    args = namespace(train_file=[train], validation_file=[valid], text_column_name="review", label_column_name="stars")
+    data = load_classification_data(args, tokenizer)
+    assert data.labels.names == ["1", "3", "5"] and data.eval_targets == [1]
+    assert data.labels.problem_type == "single_label_classification"
+
+
+def test_multi_label_lists_and_regression_floats(tmp_path, tokenizer):
+    rows = [{"text": "a", "label": ["x", "y"]}, {"text": "b", "label": ["y"]}, {"text": "c", "label": []}]
+    train = write(tmp_path / "train.jsonl", "\n".join(json.dumps(r) for r in rows))
+    valid = write(tmp_path / "valid.jsonl", json.dumps({"text": "d", "label": ["x"]}))
+    data = load_classification_data(namespace(train_file=[train], validation_file=[valid]), tokenizer)
+    assert data.labels.problem_type == "multi_label_classification"
+    assert [row["labels"] for row in data.train_rows] == [[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]
+    train = write(tmp_path / "r.csv", "sentence,score\nx,0.5\ny,3.25\n")
+    valid = write(tmp_path / "rv.csv", "sentence,score\nz,1.5\n")
+    data = load_classification_data(namespace(train_file=[train], validation_file=[valid]), tokenizer)
+    assert data.labels.config_values() == {"num_labels": 1, "problem_type": "regression"}
+    assert data.eval_targets == [1.5]
+
+
+def test_a_validation_label_unseen_in_training_is_one_clear_error(tmp_path, tokenizer):
+    train = write(tmp_path / "train.csv", "sentence,label\ngood,positive\nbad,negative\n")
+    valid = write(tmp_path / "valid.csv", "sentence,label\nfine,positive\nmeh,neutral\n")
+    with pytest.raises(UserError) as error:
+        load_classification_data(namespace(train_file=[train], validation_file=[valid]), tokenizer)
+    assert "'neutral' (row 2)" in one_sentence(error) and "['negative', 'positive']" in str(error.value)
+
+
+def test_columns_that_do_not_match_are_one_clear_error(tmp_path, tokenizer):
+    train = write(tmp_path / "train.csv", "sentence,label\ngood,1\nbad,0\n")
+    valid = write(tmp_path / "valid.csv", "text,label\nfine,1\n")
+    with pytest.raises(UserError) as error:
+        load_classification_data(namespace(train_file=[train], validation_file=[valid]), tokenizer)
+    assert "do not all have the same columns" in one_sentence(error)
+    assert "train.csv has ['sentence', 'label']" in str(error.value) and "valid.csv has ['text', 'label']" in str(
+        error.value)
+    with pytest.raises(UserError) as error:
+        load_classification_data(
+            namespace(train_file=[train], validation_file=[train], text_column_name="review"), tokenizer
+        )
+    assert "'review' is not a column" in one_sentence(error) and "['sentence', 'label']" in str(error.value)
+    unlabelled = write(tmp_path / "unlabelled.csv", "sentence,mood\ngood,1\n")
+    with pytest.raises(UserError, match="Found no label column among"):
+        load_classification_data(namespace(train_file=[unlabelled], validation_file=[unlabelled]), tokenizer)
+
+
+# ----- NER -----
+
+
+CONLL = """-DOCSTART- -X- -X- O
+
+EU NNP B-NP B-ORG
+rejects VBZ B-VP O
+German JJ B-NP B-MISC
+   \t
+Peter NNP B-NP B-PER
+Blackburn NNP I-NP I-PER
+"""
+
+
+def test_conll_reading_skips_docstart_and_splits_on_blank_or_whitespace_lines(tmp_path):
+    sentences = read_conll(write(tmp_path / "a.txt", CONLL), token_column=0, tag_column=-1)
+    assert [s.tokens for s in sentences] == [["EU", "rejects", "German"], ["Peter", "Blackburn"]]
+    assert [s.tags for s in sentences] == [["B-ORG", "O", "B-MISC"], ["B-PER", "I-PER"]]
+    assert sentences[1].origin.endswith("a.txt line 7")
+    chunks = read_conll(str(tmp_path / "a.txt"), token_column=0, tag_column=2)
+    assert chunks[0].tags == ["B-NP", "B-VP", "B-NP"]
+
+
+def test_conll_line_with_wrong_columns_names_file_and_line(tmp_path):
+    path = write(tmp_path / "bad.txt", "EU NNP B-NP B-ORG\nrejects B-VP O\n")
+    with pytest.raises(UserError) as error:
+        read_conll(path, 0, -1)
+    assert f"{path} line 2 has 3 columns" in one_sentence(error)
+    with pytest.raises(UserError, match="--conll_tag_column 7 is outside the 4 columns"):
+        read_conll(path, 0, 7)
+
+
+def test_iob1_is_converted_and_invalid_iob2_is_refused():
+    iob1 = Sentence(["a", "b", "c", "d", "e"], ["I-PER", "I-PER", "B-PER", "O", "I-LOC"], "x line 1")
+    assert to_iob2(iob1, "IOB1").tags == ["B-PER", "I-PER", "B-PER", "O", "B-LOC"]
+    with pytest.raises(UserError) as error:
+        to_iob2(iob1, "IOB2")
+    assert "x line 1: the tag I-PER (token 1) follows O" in one_sentence(error)
+    assert "--label_scheme IOB1" in str(error.value)
+    with pytest.raises(UserError, match="'PER' .* is not O, B-TYPE or I-TYPE"):
+        to_iob2(Sentence(["a"], ["PER"], "x line 1"), "IOB2")
+
+
+def test_word_labels_align_to_first_or_all_sub_tokens(tokenizer):
+    sentence = Sentence(["unflinchingly", "bleak", "Peter"], ["B-MISC", "O", "B-PER"], "s")
+    names = ["O", "B-MISC", "I-MISC", "B-PER", "I-PER"]
+    pieces = tokenizer.tokenize("unflinchingly")
+    assert len(pieces) > 1  # the test needs a word split into several sub-tokens
+    (first,), (positions,) = encode_sentences([sentence], tokenizer, names, 64, label_all_tokens=False)
+    n = len(pieces)
+    assert first["labels"][: n + 1] == [-100, 1] + [-100] * (n - 1)  # [CLS], then the word's pieces
+    assert positions[0] == 1 and positions[1] == n + 1
+    assert first["labels"][positions[1]] == 0 and first["labels"][positions[2]] == 3
+    (every,), _ = encode_sentences([sentence], tokenizer, names, 64, label_all_tokens=True)
+    assert every["labels"][1 : n + 1] == [1] + [2] * (n - 1)  # B-MISC, then I-MISC on the later pieces
+
+
+def test_ner_type_unseen_in_training_and_columns_that_do_not_match(tmp_path, tokenizer):
+    train = write(tmp_path / "train.txt", "Peter B-PER\nruns O\n\nParis B-LOC\n")
+    valid = write(tmp_path / "valid.txt", "Acme B-ORG\nsells O\n")
+    with pytest.raises(UserError) as error:
+        load_ner_data(namespace(train_file=[train], validation_file=[valid]), tokenizer)
+    assert "entity type 'ORG'" in one_sentence(error) and "valid.txt line 1" in str(error.value)
+    rows = write(tmp_path / "train.jsonl", json.dumps({"words": ["Peter"], "ner_tags": ["B-PER"]}))
+    other = write(tmp_path / "valid.jsonl", json.dumps({"tokens": ["Paris"], "ner_tags": ["B-PER"]}))
+    with pytest.raises(UserError) as error:
+        load_ner_data(namespace(train_file=[rows], validation_file=[other]), tokenizer)
+    assert "do not all have the same columns" in one_sentence(error)
+    assert "valid.jsonl has ['tokens', 'ner_tags']" in str(error.value)
+    with pytest.raises(UserError) as error:
+        load_ner_data(namespace(train_file=[rows], validation_file=[rows], text_column_name="tokens"), tokenizer)
+    assert "--text_column_name 'tokens' is not a column" in one_sentence(error)
+
+
+# ----- QA -----
+
+
+CONTEXT = "the film was written by maria and shot in the old harbour of the city during a cold winter ."
+
+
+def squad_file(path, answers, version="1.1"):
+    document = {"version": version, "data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": [
+        {"id": f"q{i}", "question": "who wrote the film ?", "answers": a} for i, a in enumerate(answers)
+    ]}]}]}
+    return write(path, json.dumps(document))
+
+
+def test_squad_json_and_its_flattened_jsonl_load_alike(tmp_path, tokenizer):
+    answer = [{"text": "maria", "answer_start": CONTEXT.index("maria")}]
+    squad = squad_file(tmp_path / "train.json", [answer, answer])
+    records = read_squad_json(squad)
+    flat = write(tmp_path / "train.jsonl", "\n".join(json.dumps(r) for r in records))
+    from_json = load_qa_data(namespace(train_file=[squad], validation_file=[squad], max_length=64), tokenizer)
+    from_jsonl = load_qa_data(namespace(train_file=[flat], validation_file=[flat], max_length=64), tokenizer)
+    assert from_json.eval_examples == from_jsonl.eval_examples and from_json.train_rows == from_jsonl.train_rows
+    assert read_squad_json(flat) is None  # JSON lines are not SQuAD JSON
+
+
+def test_windows_put_the_answer_where_the_offsets_say(tokenizer):
+    examples = to_examples([{"id": "a", "question": "where was it shot ?", "context": CONTEXT,
+                             "answers": {"text": ["the old harbour"], "answer_start": [CONTEXT.index("the old")]}}],
+                           "training", False)
+    rows, windows = encode_examples(examples, tokenizer, max_length=24, doc_stride=8)
+    assert len(rows) > 1  # the context needs several windows of 24 tokens
+    found = 0
+    for row, window in zip(rows, windows):
+        start, end = row["start_positions"], row["end_positions"]
+        if (start, end) == (0, 0):
+            continue  # this window does not hold the whole answer
+        found += 1
+        assert CONTEXT[window.offsets[start][0] : window.offsets[end][1]] == "the old harbour"
+    assert found >= 1
+    assert answer_token_span([(0, 0), (0, 3), (4, 8)], [False, True, True], 5, 12) == (0, 0)  # runs past the end
+
+
+def test_bad_squad_answers_are_one_clear_error(tmp_path, tokenizer):
+    shifted = squad_file(tmp_path / "shifted.json", [[{"text": "maria", "answer_start": 3}]])
+    with pytest.raises(UserError) as error:
+        load_qa_data(namespace(train_file=[shifted], validation_file=[shifted], max_length=64), tokenizer)
+    assert "'maria' of question 'q0'" in one_sentence(error) and "reads ' fi" in str(error.value)
+    unanswerable = squad_file(tmp_path / "v2.json", [[]], version="v2.0")
+    with pytest.raises(UserError, match="pass --version_2_with_negative"):
+        load_qa_data(namespace(train_file=[unanswerable], validation_file=[unanswerable], max_length=64), tokenizer)
+    data = load_qa_data(namespace(train_file=[unanswerable], validation_file=[unanswerable], max_length=64,
+                                  version_2_with_negative=True), tokenizer)
+    assert data.eval_examples[0].answers == [] and data.train_rows[0]["start_positions"] == 0
