@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q
 
+# DEMO=smoke (1-2 minutes) or DEMO=long (a longer, better run); the default takes about 25 minutes on 2 CPU cores.
 demo: $(STAMP)
-	$(PY) scripts/demo.py $(DEMO_ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) scripts/demo.py $(if $(DEMO),--mode $(DEMO)) $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/speed.py

