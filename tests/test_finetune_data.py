@@ -5,12 +5,20 @@ import argparse
 import json
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
-from sinebert.training.classification import load_classification_data
+from sinebert.training.classification import ClassificationEvaluation, example_count, load_classification_data
 from sinebert.training.errors import UserError
 from sinebert.training.ner import Sentence, encode_sentences, load_ner_data, read_conll, to_iob2
-from sinebert.training.qa import answer_token_span, encode_examples, load_qa_data, read_squad_json, to_examples
+from sinebert.training.qa import (
+    QAEvaluation,
+    answer_token_span,
+    encode_examples,
+    load_qa_data,
+    read_squad_json,
+    to_examples,
+)
 
 
 def namespace(**values) -> argparse.Namespace:
@@ -21,7 +29,7 @@ def namespace(**values) -> argparse.Namespace:
         trust_remote_code=False, task_name=None, text_column_name=None, text_pair_column_name=None,
         label_column_name=None, problem_type=None, label_separator=",", conll_token_column=0, conll_tag_column=-1,
         label_scheme="IOB2", label_all_tokens=False, question_column_name=None, context_column_name=None,
-        answer_column_name=None, version_2_with_negative=False, doc_stride=16,
+        answer_column_name=None, version_2_with_negative=False, doc_stride=16, early_stopping_patience=None,
     )
     return argparse.Namespace(**{**defaults, **values})
 
@@ -233,3 +241,51 @@ def test_bad_squad_answers_are_one_clear_error(tmp_path, tokenizer):
     data = load_qa_data(namespace(train_file=[unanswerable], validation_file=[unanswerable], max_length=64,
                                   version_2_with_negative=True), tokenizer)
     assert data.eval_examples[0].answers == [] and data.train_rows[0]["start_positions"] == 0
+
+
+# ----- scoring gathered outputs -----
+
+
+def test_squad_v2_scoring_lets_no_answer_win_only_when_asked(tmp_path, tokenizer):
+    answer = [{"text": "maria", "answer_start": CONTEXT.index("maria")}]
+    squad = squad_file(tmp_path / "v2.json", [answer, []], version="v2.0")
+    args = namespace(train_file=[squad], validation_file=[squad], max_length=64, version_2_with_negative=True)
+    data = load_qa_data(args, tokenizer)
+    rows = []
+    for row in data.eval_rows:  # logits that point at the labelled tokens: the answer, or [CLS] for none
+        start, end = torch.zeros(len(row["input_ids"])), torch.zeros(len(row["input_ids"]))
+        start[row["start_positions"]], end[row["end_positions"]] = 10.0, 10.0
+        rows.append({"start_logits": start, "end_logits": end, "loss": torch.tensor(0.5)})
+    predictions, metrics = QAEvaluation(None, None, data, 5, 30, allow_unanswerable=True).score(rows)
+    assert predictions == {"q0": "maria", "q1": ""}
+    assert metrics["exact_match"] == 100.0 and metrics["no_answer_total"] == 1 and metrics["loss"] == 0.5
+    predictions, metrics = QAEvaluation(None, None, data, 5, 30, allow_unanswerable=False).score(rows)
+    assert predictions["q0"] == "maria" and predictions["q1"] != "" and metrics["no_answer_exact_match"] == 0.0
+
+
+def classification_data(tmp_path, tokenizer, rows, **flags):
+    train = write(tmp_path / "train.jsonl", "\n".join(json.dumps(r) for r in rows))
+    return load_classification_data(namespace(train_file=[train], validation_file=[train], **flags), tokenizer)
+
+
+def test_multi_label_and_regression_predictions(tmp_path, tokenizer):
+    data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": "x|y"}, {"text": "b", "label": "y"}],
+                               problem_type="multi_label_classification", label_separator="|")
+    evaluation = ClassificationEvaluation(None, None, data)
+    logits = [torch.tensor([2.0, 2.0]), torch.tensor([-2.0, 2.0])]  # sigmoid > 0.5 exactly where the labels are
+    predictions, metrics = evaluation.score([{"logits": row} for row in logits])
+    assert [p["prediction"] for p in predictions] == [["x", "y"], ["y"]]
+    assert metrics["accuracy"] == 1.0 and metrics["micro_f1"] == 1.0 and evaluation.main_metric == "eval_micro_f1"
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(torch.stack(logits), torch.tensor([[1., 1.], [0., 1.]]))
+    assert metrics["loss"] == pytest.approx(float(expected))
+    data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": 1.0}, {"text": "b", "label": 3.0}])
+    predictions, metrics = ClassificationEvaluation(None, None, data).score([{"logits": torch.tensor([v])}
+                                                                            for v in (2.0, 3.0)])
+    assert [p["prediction"] for p in predictions] == [2.0, 3.0]
+    assert metrics["mse"] == pytest.approx(0.5) and metrics["loss"] == pytest.approx(0.5)
+
+
+def test_evaluations_give_the_loop_their_main_metric_and_patience(tmp_path, tokenizer):
+    data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])
+    task = ClassificationEvaluation(None, None, data).task(namespace(early_stopping_patience=2), example_count)
+    assert (task.main_metric, task.greater_is_better, task.early_stopping_patience) == ("eval_accuracy", True, 2)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from transformers import AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401  (registers the Auto classes and the QA pipeline)
@@ -255,3 +257,38 @@ def test_each_script_ends_bad_data_with_one_error_sentence(tmp_path, capsys, tok
     line = user_error(capsys, load_script("finetune_qa"),
                       ["--train_file", squad, "--validation_file", squad, *common, "--output_dir", tmp_path / "q"])
     assert "The answer 'Ada' of question 'q1' in the training data does not match its context" in line
+
+
+# ----- exact resume -----
+
+
+@pytest.fixture
+def one_thread():
+    """In-process runs on one thread, as the launched ones (restored afterwards for the other tests)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_a_resumed_fine_tuning_run_ends_with_the_weights_of_an_uninterrupted_one(conll, tmp_path, one_thread):
+    """In-process runs (no launcher): six steps straight, against one step, a checkpoint, then a resumed five; with
+    dropout on, so the per-step seeds and the data order must both be restored."""
+    small = tmp_path / "small.txt"
+    small.write_text(conll_slice(conll / "train.txt", 60), encoding="utf-8")
+    script = load_script("finetune_ner")
+    common = ["--train_file", small, "--validation_file", small, "--max_eval_samples", 16, "--tokenizer_name",
+              conll / "tokenizer", "--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 2,
+              "--intermediate_size", 64, "--hidden_dropout_prob", 0.1, "--per_device_train_batch_size", 8,
+              "--max_train_steps", 6, "--checkpointing_steps", 3]
+    script.main([str(a) for a in [*common, "--output_dir", tmp_path / "straight"]])
+    script.main([str(a) for a in [*common, "--output_dir", tmp_path / "resumed", "--max_train_minutes", 0]])
+    assert json.loads((tmp_path / "resumed" / "all_results.json").read_text())["train_steps"] == 1
+    script.main([str(a) for a in [*common, "--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "latest"]])
+    straight = load_file(tmp_path / "straight" / "model.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "model.safetensors")
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[name], resumed[name]) for name in straight)
+    assert (tmp_path / "straight" / "eval_predictions.jsonl").read_text() == \
+        (tmp_path / "resumed" / "eval_predictions.jsonl").read_text()
