@@ -211,6 +211,11 @@ def test_squad_json_and_its_flattened_jsonl_load_alike(tmp_path, tokenizer):
     from_jsonl = load_qa_data(namespace(train_file=[flat], validation_file=[flat], max_length=64), tokenizer)
     assert from_json.eval_examples == from_jsonl.eval_examples and from_json.train_rows == from_jsonl.train_rows
     assert read_squad_json(flat) is None  # JSON lines are not SQuAD JSON
+    as_list = write(tmp_path / "list.jsonl", "\n".join(json.dumps({**r, "answers": answer}) for r in records))
+    from_list = load_qa_data(namespace(train_file=[as_list], validation_file=[as_list], max_length=64), tokenizer)
+    assert from_list.eval_examples == from_json.eval_examples  # answers as SQuAD JSON writes them work too
+    with pytest.raises(UserError, match="needs validation data"):
+        load_qa_data(namespace(train_file=[squad], max_length=64), tokenizer)
 
 
 def test_windows_put_the_answer_where_the_offsets_say(tokenizer):
@@ -276,7 +281,8 @@ def test_multi_label_and_regression_predictions(tmp_path, tokenizer):
     predictions, metrics = evaluation.score([{"logits": row} for row in logits])
     assert [p["prediction"] for p in predictions] == [["x", "y"], ["y"]]
     assert metrics["accuracy"] == 1.0 and metrics["micro_f1"] == 1.0 and evaluation.main_metric == "eval_micro_f1"
-    expected = torch.nn.functional.binary_cross_entropy_with_logits(torch.stack(logits), torch.tensor([[1., 1.], [0., 1.]]))
+    targets = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(torch.stack(logits), targets)
     assert metrics["loss"] == pytest.approx(float(expected))
     data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": 1.0}, {"text": "b", "label": 3.0}])
     predictions, metrics = ClassificationEvaluation(None, None, data).score([{"logits": torch.tensor([v])}
@@ -289,3 +295,24 @@ def test_evaluations_give_the_loop_their_main_metric_and_patience(tmp_path, toke
     data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])
     task = ClassificationEvaluation(None, None, data).task(namespace(early_stopping_patience=2), example_count)
     assert (task.main_metric, task.greater_is_better, task.early_stopping_patience) == ("eval_accuracy", True, 2)
+
+
+def test_class_label_features_of_a_dataset_folder_name_the_labels(tmp_path, tokenizer):
+    """A --dataset_name folder (as the hub serves them: parquet with `datasets` features) whose labels are ClassLabel
+    ids: the names come from the features, for classification and for NER tags."""
+    from datasets import ClassLabel, Dataset, Features, Sequence, Value
+
+    sentiment = Features({"sentence": Value("string"), "label": ClassLabel(names=["negative", "positive"])})
+    tags = Features({"tokens": Sequence(Value("string")),
+                     "ner_tags": Sequence(ClassLabel(names=["O", "B-PER", "I-PER"]))})
+    for split, rows in (("train", 3), ("validation", 2)):
+        Dataset.from_dict({"sentence": ["good", "bad", "fine"][:rows], "label": [1, 0, 1][:rows]},
+                          features=sentiment).to_parquet(str(tmp_path / "sst" / f"{split}.parquet"))
+        Dataset.from_dict({"tokens": [["Ada", "wrote"], ["Alan", "Turing"], ["x"]][:rows],
+                           "ner_tags": [[1, 0], [1, 2], [0]][:rows]}, features=tags).to_parquet(
+            str(tmp_path / "ner" / f"{split}.parquet"))
+    data = load_classification_data(namespace(dataset_name=str(tmp_path / "sst")), tokenizer)
+    assert data.labels.names == ["negative", "positive"] and data.eval_targets == [1, 0]
+    ner = load_ner_data(namespace(dataset_name=str(tmp_path / "ner")), tokenizer)
+    assert ner.names == ["O", "B-PER", "I-PER"]
+    assert [s.tags for s in ner.eval_sentences] == [["B-PER", "O"], ["B-PER", "I-PER"]]

@@ -189,8 +189,8 @@ def _number(value, row: int, split: str) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise UserError(f"Row {row + 1} of the {split} data has the label {value!r}, which is not a number as regression "
-                        "needs.") from None
+        raise UserError(f"Row {row + 1} of the {split} data has the label {value!r}, which is not a number as "
+                        "regression needs.") from None
 
 
 def texts_of(split, columns: Columns, name: str) -> list[tuple[str, str | None]]:
@@ -215,9 +215,8 @@ def tokenize(tokenizer, texts: list[tuple[str, str | None]], targets: list, max_
 def load_classification_data(args, tokenizer, print_fn=print) -> ClassificationData:
     splits = load_classification_splits(args)
     columns = find_columns(splits, args)
-    train = splits["train"].select(range(min(args.max_train_samples or len(splits["train"]), len(splits["train"]))))
-    validation = splits["validation"]
-    validation = validation.select(range(min(args.max_eval_samples or len(validation), len(validation))))
+    train = _first(splits["train"], args.max_train_samples)
+    validation = _first(splits["validation"], args.max_eval_samples)
     labels = build_label_space(train, columns.label, args.problem_type, args.label_separator, print_fn)
     targets = {
         name: encode_targets(list(split[columns.label]), labels, split.features[columns.label], name)
@@ -232,6 +231,10 @@ def load_classification_data(args, tokenizer, print_fn=print) -> ClassificationD
     )
 
 
+def _first(split, limit: int | None):
+    return split if limit is None else split.select(range(min(limit, len(split))))
+
+
 def example_count(batch: dict) -> int:
     """Loss terms of a batch: one per example (multi-label losses average over classes within an example)."""
     return int(batch["labels"].shape[0])
@@ -244,49 +247,54 @@ class ClassificationEvaluation(Evaluation):
     """Accuracy, macro-F1, per-class precision/recall and the confusion matrix (multi-label: also micro-F1 over
     labels with probability > 0.5; regression: MSE, MAE, Pearson and Spearman), plus the validation loss."""
 
+    # problem type -> (main metric, metrics plotted beside the loss); all of them are better when greater
+    METRICS = {
+        "single_label_classification": ("eval_accuracy", ("eval_accuracy", "eval_macro_f1")),
+        "multi_label_classification": ("eval_micro_f1", ("eval_micro_f1", "eval_macro_f1")),
+        "regression": ("eval_pearson", ("eval_pearson", "eval_spearman")),
+    }
+    greater_is_better = True
+
     def __init__(self, dataloader, accelerator, data: ClassificationData):
         super().__init__(dataloader, accelerator)
         self.data = data
-        kind = data.labels.problem_type
-        self.main_metric, self.greater_is_better = {
-            "single_label_classification": ("eval_accuracy", True),
-            "multi_label_classification": ("eval_micro_f1", True),
-            "regression": ("eval_pearson", True),
-        }[kind]
-        self.plot_metrics = {
-            "single_label_classification": ("eval_accuracy", "eval_macro_f1"),
-            "multi_label_classification": ("eval_micro_f1", "eval_macro_f1"),
-            "regression": ("eval_pearson", "eval_spearman"),
-        }[kind]
+        self.main_metric, self.plot_metrics = self.METRICS[data.labels.problem_type]
 
     def outputs(self, batch, output):
         return {"logits": output.logits.float()}  # (batch, num_labels)
 
     def score(self, rows):
         logits = torch.stack([row["logits"] for row in rows])  # (examples, num_labels)
-        targets = torch.tensor(self.data.eval_targets)
-        names, kind = self.data.labels.names, self.data.labels.problem_type
-        if kind == "regression":
-            values = logits[:, 0]
-            metrics = compute_regression(values.tolist(), targets.tolist())
-            predictions = [{"prediction": value} for value in values.tolist()]
-            loss = F.mse_loss(values, targets.float())
-        elif kind == "multi_label_classification":
-            probabilities = logits.sigmoid()
-            chosen = (probabilities > 0.5).long()
-            metrics = compute_classification(chosen.numpy(), targets.long().numpy(), names)
-            predictions = [
-                {"prediction": [names[i] for i in np.flatnonzero(row)], "scores": dict(zip(names, p))}
-                for row, p in zip(chosen.tolist(), probabilities.tolist())
-            ]
-            loss = F.binary_cross_entropy_with_logits(logits, targets.float())
-        else:
-            probabilities = logits.softmax(-1)
-            scores, chosen = probabilities.max(-1)
-            metrics = compute_classification(chosen.numpy(), targets.numpy(), names)
-            predictions = [{"prediction": names[i], "score": s} for i, s in zip(chosen.tolist(), scores.tolist())]
-            loss = F.cross_entropy(logits, targets)
+        targets = torch.tensor(self.data.eval_targets)  # (examples,) ids or numbers, or (examples, num_labels)
+        score = {
+            "single_label_classification": self._single_label, "multi_label_classification": self._multi_label,
+            "regression": self._regression,
+        }[self.data.labels.problem_type]
+        predictions, metrics, loss = score(logits, targets)
         return predictions, {"loss": float(loss), **metrics}
+
+    def _single_label(self, logits, targets):
+        names = self.data.labels.names
+        scores, chosen = logits.softmax(-1).max(-1)
+        predictions = [{"prediction": names[i], "score": s} for i, s in zip(chosen.tolist(), scores.tolist())]
+        metrics = compute_classification(chosen.numpy(), targets.numpy(), names)
+        return predictions, metrics, F.cross_entropy(logits, targets)
+
+    def _multi_label(self, logits, targets):
+        names = self.data.labels.names
+        probabilities = logits.sigmoid()
+        chosen = (probabilities > 0.5).long()
+        predictions = [
+            {"prediction": [names[i] for i in np.flatnonzero(row)], "scores": dict(zip(names, p))}
+            for row, p in zip(chosen.tolist(), probabilities.tolist())
+        ]
+        metrics = compute_classification(chosen.numpy(), targets.long().numpy(), names)
+        return predictions, metrics, F.binary_cross_entropy_with_logits(logits, targets.float())
+
+    def _regression(self, logits, targets):
+        values = logits[:, 0]
+        predictions = [{"prediction": value} for value in values.tolist()]
+        return predictions, compute_regression(values.tolist(), targets.tolist()), F.mse_loss(values, targets.float())
 
     def write(self, output_dir: Path):
         """eval_predictions.jsonl: per validation row its text(s), gold label and prediction."""

@@ -45,11 +45,6 @@ def load_model(auto_class, args, tokenizer, **config_values) -> nn.Module:
     return load_pretrained(auto_class, args, tokenizer, **config_values)
 
 
-def take(rows: list, limit: int | None) -> list:
-    """The first `limit` rows (all when `limit` is None), as --max_train_samples / --max_eval_samples ask."""
-    return rows if limit is None else rows[:limit]
-
-
 class PaddingCollator:
     """Batches rows of Python lists: pads the token-aligned fields to the longest row (with the pad id, 0 for the
     masks, -100 for token labels) and stacks every other field (scalar labels, multi-hot rows, indices)."""

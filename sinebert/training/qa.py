@@ -58,6 +58,9 @@ def load_qa_records(args) -> dict[str, list[dict]]:
     """train and validation records from SQuAD JSON files, json / jsonl files or --dataset_name."""
     if args.dataset_name:
         return _records_from_datasets(load_splits(args), args)
+    if not args.validation_file:
+        raise UserError("Question answering needs validation data with other contexts than the training data: give "
+                        "--validation_file.")
     splits = {}
     for name, flag, patterns in (("train", "--train_file", args.train_file),
                                  ("validation", "--validation_file", args.validation_file)):
@@ -70,7 +73,8 @@ def load_qa_records(args) -> dict[str, list[dict]]:
     if len(splits) == 2:
         return splits
     if splits:
-        raise UserError("Give the training and validation data in the same form: both SQuAD JSON or both json/jsonl.")
+        raise UserError("Give the training and validation data in the same form: both SQuAD JSON or both json / "
+                        "jsonl.")
     return _records_from_datasets(load_splits(args), args)
 
 
@@ -111,8 +115,7 @@ def to_examples(records: list[dict], split: str, allow_unanswerable: bool) -> li
         seen.add(key)
         if not isinstance(question, str) or not question.strip() or not isinstance(context, str) or not context:
             raise UserError(f"Question {key!r} in the {split} data has an empty question or context.")
-        answers = record["answers"] or {"text": [], "answer_start": []}
-        texts, starts = list(answers.get("text", [])), [int(s) for s in answers.get("answer_start", [])]
+        texts, starts = _answer_lists(record["answers"])
         if len(texts) != len(starts):
             raise UserError(f"Question {key!r} in the {split} data has {len(texts)} answer texts but {len(starts)} "
                             "answer_start values.")
@@ -128,6 +131,15 @@ def to_examples(records: list[dict], split: str, allow_unanswerable: bool) -> li
                 )
         examples.append(QAExample(key, question, context, texts, starts))
     return examples
+
+
+def _answer_lists(answers) -> tuple[list[str], list[int]]:
+    """Answer texts and starts from {"text": [...], "answer_start": [...]} (SQuAD flattened, as on the hub) or
+    [{"text", "answer_start"}, ...] (as in SQuAD JSON)."""
+    if isinstance(answers, list):
+        return [a["text"] for a in answers], [int(a["answer_start"]) for a in answers]
+    answers = answers or {}
+    return list(answers.get("text", [])), [int(start) for start in answers.get("answer_start", [])]
 
 
 # ----- windows -----
@@ -181,7 +193,8 @@ def encode_examples(examples: list[QAExample], tokenizer, max_length: int, doc_s
         offsets = [tuple(pair) for pair in encoding["offset_mapping"][w]]
         start, end = 0, 0
         if example.answers:
-            start, end = answer_token_span(offsets, mask, example.starts[0], example.starts[0] + len(example.answers[0]))
+            first = example.starts[0]
+            start, end = answer_token_span(offsets, mask, first, first + len(example.answers[0]))
         rows.append({**{name: encoding[name][w] for name in inputs}, "start_positions": start, "end_positions": end})
         windows.append(Window(example_index, offsets, mask))
     return rows, windows
@@ -222,10 +235,9 @@ class QAEvaluation(Evaluation):
     def __init__(self, dataloader, accelerator, data: QAData, n_best_size: int, max_answer_length: int,
                  allow_unanswerable: bool):
         super().__init__(dataloader, accelerator)
-        self.data = data
-        self.n_best_size, self.max_answer_length, self.allow_unanswerable = n_best_size, max_answer_length, \
-            allow_unanswerable
-        self.nbest = None
+        self.data, self.n_best_size, self.max_answer_length = data, n_best_size, max_answer_length
+        self.allow_unanswerable = allow_unanswerable
+        self.nbest = None  # {id: [n best answers]} of the latest evaluation
 
     def outputs(self, batch, output):
         start, end = output.start_logits.float(), output.end_logits.float()  # (batch, seq) each
@@ -263,8 +275,9 @@ def model_card(args, data: QAData) -> dict:
         "title": "sinebert fine-tuned for extractive question answering",
         "summary": "A sinebert encoder fine-tuned by `scripts/finetune_qa.py` to extract answers from a context"
                    f"{' or say there is none' if args.version_2_with_negative else ''}.",
-        "usage": f'import sinebert\nfrom transformers import pipeline\n\nqa = pipeline("extractive-question-answering", '
-                 f'model="{args.output_dir}")\nqa(question="Who wrote it?", context="It was written by Ada.", '
+        "usage": 'import sinebert\nfrom transformers import pipeline\n\n'
+                 f'qa = pipeline("extractive-question-answering", model="{args.output_dir}")\n'
+                 'qa(question="Who wrote it?", context="It was written by Ada.", '
                  f'max_seq_len={args.max_length}, doc_stride={args.doc_stride}, max_answer_len={args.max_answer_length}'
                  f'{", handle_impossible_answer=True" if args.version_2_with_negative else ""})',
         "details": {
