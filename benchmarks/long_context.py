@@ -27,8 +27,9 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 LENGTHS = (512, 2048, 8192, 32768)
 # The model of the issue: 4 layers, hidden 256 (4 heads of 64), feed-forward 1024.
 MODEL_SIZE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
-# The extrapolation model is smaller, so that a few minutes of pretraining on 2 shared cores teach it something.
-EXTRAPOLATION_MODEL_SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512)
+# The extrapolation model is tiny: a few minutes of pretraining on 2 shared cores (~1M tokens) barely move a larger one
+# off predicting the most frequent token.
+EXTRAPOLATION_MODEL_SIZE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)
 EAGER_SCORE_LIMIT_GIB = 6.0  # eager attention materialises (heads, L, L) fp32 scores; beyond this it is not run
 
 
@@ -54,7 +55,7 @@ SPEED_SETUPS = {
 EXTRAPOLATION_SETUPS = {
     "full": Setup("full attention (as pretrained)", "sdpa"),
     "local_global": Setup(
-        "local w=64 + full layers 0 and 2, [CLS] global", "sdpa",
+        "local w=64 in layer 1, full attention in layer 0, [CLS] global", "sdpa",
         dict(sliding_window=64, global_attn_every_n_layers=2, global_attention_positions=[0]),
     ),
     "local": Setup(
@@ -88,22 +89,28 @@ def measure(setup_name: str, length: int, threads: int | None) -> dict:
                             **MODEL_SIZE, **setup.local)
     model = SineBertModel._from_config(config, attn_implementation=setup.attn_implementation).eval()
     ids = torch.randint(5, 8192, (1, length))
-    repeats = 5 if length <= 2048 else 3 if length <= 8192 else 1
     with torch.inference_mode():
         model(input_ids=ids[:, :512])  # warm-up: thread pool, allocator, kernel choice
         baseline = peak_rss_mib()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(input_ids=ids)
-            times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
+        times = timed_passes(lambda: model(input_ids=ids))
     return {
-        "setup": setup_name, "label": setup.label, "length": length, "seconds": seconds, "repeats": repeats,
-        "us_per_token": seconds / length * 1e6, "peak_rss_mib": peak_rss_mib(),
+        "setup": setup_name, "label": setup.label, "length": length, "seconds": min(times),
+        "median_seconds": statistics.median(times), "repeats": len(times),
+        "us_per_token": min(times) / length * 1e6, "peak_rss_mib": peak_rss_mib(),
         "forward_mib": peak_rss_mib() - baseline, "kernels": model.attention_kernels(),
         "threads": torch.get_num_threads(),
     }
+
+
+def timed_passes(run, budget_seconds: float = 30.0, max_repeats: int = 5) -> list[float]:
+    """Wall-clock seconds of repeated passes: up to `max_repeats`, while another pass fits in `budget_seconds`. The
+    fastest is reported: on a shared machine, other jobs only ever add time."""
+    times = []
+    while len(times) < max_repeats and (not times or sum(times) + times[-1] <= budget_seconds):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def eager_scores_gib(length: int) -> float:
@@ -176,9 +183,9 @@ def speed_table(report: dict) -> str:
                          f"{row['seconds']:.2f} s, {row['us_per_token']:.0f} µs/tok, {row['peak_rss_mib']:,.0f} MiB")
         lines.append(f"| {spec.label} | " + " | ".join(cells) + " |")
     threads = {r["threads"] for r in rows if "threads" in r}
-    notes = [f"One forward pass, batch 1, fp32, no grad, {threads} torch thread(s), {report['model']}; time = median of "
-             "5 (L <= 2k), 3 (8k) or 1 "
-             f"(32k) passes; memory = peak RSS of the whole process (Python, torch, weights and the pass), each cell a "
+    notes = [f"One forward pass, batch 1, fp32, no grad, {threads} torch thread(s), {report['model']}; time = the "
+             "fastest of up to 5 passes (as many as fit in 30 s; 1 for the slowest cells); memory = peak RSS of the "
+             "whole process (Python, torch, weights and the pass), each cell a "
              f"fresh process. {report['cpu_count']} CPU cores, load average {report['load_average_before']} before and "
              f"{report['load_average_after']} after (other jobs shared the machine)."]
     for setup, target in report["targets"].items():
@@ -244,7 +251,8 @@ def write_training_text(path: Path):
 def pretrain(work: Path, minutes: float, steps: int, threads: int | None) -> Path:
     """Tokenizer and a 128-token MLM pretraining run, through the project's own scripts. fp32: this CPU has no
     native bf16 (AVX2 only), where bf16 autocast runs ~20x slower. A constant learning rate after warmup, because the
-    time limit, not the step count, ends the run."""
+    time limit, not the step count, ends the run. Scaled word embeddings, so that the sinusoids (entries in [-1, 1])
+    do not drown the freshly initialised word embeddings (std 0.02)."""
     train_file = work / "train.txt"
     write_training_text(train_file)
     python, env = sys.executable, {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
@@ -253,9 +261,9 @@ def pretrain(work: Path, minutes: float, steps: int, threads: int | None) -> Pat
     sizes = [f"--{k}={v}" for k, v in EXTRAPOLATION_MODEL_SIZE.items()]
     subprocess.run([python, "scripts/pretrain.py", "--train_file", str(train_file), "--tokenizer_name",
                     str(work / "tokenizer"), "--output_dir", str(work / "pretrain"), "--overwrite_output_dir", *sizes,
-                    "--norm_placement", "pre", "--max_seq_length", "128", "--per_device_train_batch_size", "32",
-                    "--learning_rate", "1e-3", "--lr_scheduler_type", "constant_with_warmup", "--num_warmup_steps",
-                    "30", "--max_train_steps", str(steps), "--max_train_minutes", str(minutes), "--mixed_precision",
+                    "--norm_placement", "pre", "--scale_embeddings", "--max_seq_length", "128",
+                    "--per_device_train_batch_size", "16", "--learning_rate", "2e-3", "--lr_scheduler_type",
+                    "constant_with_warmup", "--num_warmup_steps", "50", "--max_train_steps", str(steps), "--max_train_minutes", str(minutes), "--mixed_precision",
                     "no", "--max_eval_samples", "256", "--eval_steps", str(steps), "--logging_steps", "25"],
                    check=True, cwd=ROOT, env=env)
     return work / "pretrain"

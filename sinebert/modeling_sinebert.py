@@ -158,15 +158,20 @@ def local_attention_mask(
     return allowed if padding_mask is None else allowed & padding_mask
 
 
-def _neighbour_windows(tensor: torch.Tensor, dim: int, block: int, tail: int) -> torch.Tensor:
-    """Cut `dim` (the sequence, of length blocks * block - tail) into overlapping windows of 3 blocks, one per block:
-    the block before, the block itself, the block after (zeros beyond the ends). Only the padding copies (seq-sized);
-    the windows are a strided view of it.
+def _neighbour_blocks(tensor: torch.Tensor, dim: int, block: int, tail: int, extra: torch.Tensor) -> torch.Tensor:
+    """For each block of `block` positions along `dim` (the sequence, of length blocks * block - tail): the block
+    before it, the block itself and the block after it (zeros past the ends), then `extra` (the global tokens).
 
-    `(..., seq, ...)` -> `(..., blocks, ..., 3 * block)`: the window becomes the last dimension, as `Tensor.unfold` does.
+    `tensor` `(..., seq, ...)`, `extra` `(..., n_extra, ...)` -> `(..., blocks, 3 * block + n_extra, ...)`, gathered
+    by one copy in the input's own memory order.
     """
-    padding = (0, 0) * (tensor.dim() - 1 - dim) + (block, tail + block)
-    return F.pad(tensor, padding).unfold(dim, 3 * block, block)
+    padded = F.pad(tensor, (0, 0) * (tensor.dim() - 1 - dim) + (block, tail + block))
+    shape = padded.shape
+    blocks = shape[dim] // block - 2
+    split = padded.view(*shape[:dim], blocks + 2, block, *shape[dim + 1 :])  # (..., blocks + 2, block, ...)
+    pieces = [split.narrow(dim, offset, blocks) for offset in range(3)]  # previous, own, next: (..., blocks, block, ...)
+    pieces.append(extra.unsqueeze(dim).expand(*shape[:dim], blocks, *extra.shape[dim:]))
+    return torch.cat(pieces, dim=dim + 1)
 
 
 def local_attention_forward(
@@ -199,43 +204,29 @@ def local_attention_forward(
     blocks = -(-seq // block)
     tail = blocks * block - seq  # padding that fills the last block
     glob = _global_index(global_positions, seq, query.device)  # (n_global,)
-    keys, values = _block_keys_and_values(key, value, glob, block, tail)
-    allowed = _local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)  # (b or 1, 1, blocks, block, k)
-    # Scaling the queries costs seq * head_dim multiplications; scaling the scores would cost seq * 3 * block.
+    keys = _neighbour_blocks(key, 2, block, tail, key[:, :, glob])  # (batch, heads, blocks, k, head_dim)
+    values = _neighbour_blocks(value, 2, block, tail, value[:, :, glob])  # k = 3 * block + n_global
+    blocked = ~_local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)  # (b or 1, 1, blocks, block, k)
+    # Scaling the queries costs seq * head_dim multiplications; scaling the scores would cost seq * k.
     queries = F.pad(query * scaling, (0, 0, 0, tail)).view(batch, heads, blocks, block, head_dim)
-    scores = torch.matmul(queries, keys)  # (batch, heads, blocks, block, k = 3 * block + n_global)
+    scores = torch.matmul(queries, keys.transpose(-1, -2))  # (batch, heads, blocks, block, k)
     # In place: the largest tensor here is written once more, not copied. Keys out of reach get finfo.min, so their
     # softmax weights underflow to exactly zero wherever a row has any key in reach.
-    scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
+    scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
     # float32 at least (as in the eager kernel), float64 stays float64 so that its finfo.min stays finite.
     weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
     del scores  # free it before the output is made
     weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, values)  # (batch, heads, blocks, block, head_dim)
     # Rows with no key in reach got uniform weights over masked keys; like the eager kernel they must give zeros.
-    output = torch.matmul(weights, values) * allowed.any(dim=-1, keepdim=True)  # (batch, heads, blocks, block, hd)
-    output = output.view(batch, heads, blocks * block, head_dim)[:, :, :seq].transpose(1, 2)  # (batch, seq, heads, hd)
+    output.masked_fill_(blocked.all(dim=-1, keepdim=True), 0.0)
+    output = output.view(batch, heads, blocks * block, head_dim)
     if glob.numel():
         global_output, _ = eager_attention_forward(
             module, query[:, :, glob], key, value, attention_mask, scaling=scaling, dropout=dropout
         )  # (batch, n_global, heads, head_dim)
-        output = output.index_copy(1, glob, global_output)
-    return output.contiguous(), None
-
-
-def _block_keys_and_values(
-    key: torch.Tensor, value: torch.Tensor, glob: torch.Tensor, block: int, tail: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each block's keys `(batch, heads, blocks, head_dim, 3 * block + n_global)` and values
-    `(batch, heads, blocks, 3 * block + n_global, head_dim)`: its three neighbouring blocks, then the global tokens."""
-    keys = _neighbour_windows(key, 2, block, tail)  # (batch, heads, blocks, head_dim, 3 * block)
-    values = _neighbour_windows(value, 2, block, tail).transpose(-1, -2)  # (batch, heads, blocks, 3 * block, head_dim)
-    if glob.numel():
-        blocks = keys.shape[2]
-        global_keys = key[:, :, None, glob].transpose(-1, -2).expand(-1, -1, blocks, -1, -1)  # (b, h, blocks, hd, g)
-        global_values = value[:, :, None, glob].expand(-1, -1, blocks, -1, -1)  # (batch, heads, blocks, g, head_dim)
-        keys = torch.cat([keys, global_keys], dim=-1)
-        values = torch.cat([values, global_values], dim=-2)
-    return keys, values
+        output.index_copy_(2, glob, global_output.transpose(1, 2))
+    return output[:, :, :seq].transpose(1, 2).contiguous(), None  # (batch, seq, heads, head_dim)
 
 
 def _local_block_mask(
@@ -248,9 +239,8 @@ def _local_block_mask(
     """
     device = glob.device
     key_ok = torch.ones(1, seq, dtype=torch.bool, device=device) if padding_mask is None else padding_mask[:, 0, 0]
-    local_ok = _neighbour_windows(key_ok.index_fill(1, glob, False), 1, block, tail)  # (batch or 1, blocks, 3 * block)
-    global_ok = key_ok[:, None, glob].expand(-1, local_ok.shape[1], -1)  # (batch or 1, blocks, n_global)
-    key_ok = torch.cat([local_ok, global_ok], dim=-1)  # (batch or 1, blocks, 3 * block + n_global)
+    # (batch or 1, blocks, 3 * block + n_global)
+    key_ok = _neighbour_blocks(key_ok.index_fill(1, glob, False), 1, block, tail, key_ok[:, glob])
     # Key column c of a block starting at query b0 holds position b0 - block + c; query row r is position b0 + r.
     offsets = torch.arange(3 * block, device=device)[None, :] - block - torch.arange(block, device=device)[:, None]
     in_band = torch.cat(
