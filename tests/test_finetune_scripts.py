@@ -292,3 +292,37 @@ def test_a_resumed_fine_tuning_run_ends_with_the_weights_of_an_uninterrupted_one
     assert all(torch.equal(straight[name], resumed[name]) for name in straight)
     assert (tmp_path / "straight" / "eval_predictions.jsonl").read_text() == \
         (tmp_path / "resumed" / "eval_predictions.jsonl").read_text()
+
+
+# ----- starting from a checkpoint -----
+
+
+@pytest.mark.slow
+def test_fine_tuning_starts_from_the_checkpoint_weights(tmp_path, capsys, tokenizer_dir, one_thread):
+    """With learning rate 0 the saved encoder equals the checkpoint's; a checkpoint whose head has another number of
+    labels needs --ignore_mismatched_sizes."""
+    from sinebert import SineBertConfig, SineBertForMaskedLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = SineBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=64)
+    SineBertForMaskedLM(config).save_pretrained(tmp_path / "mlm")
+    tokenizer.save_pretrained(tmp_path / "mlm")
+    three, two = tmp_path / "three.csv", tmp_path / "two.csv"
+    three.write_text("sentence,label\n" + "".join(f"text number {i},{'abc'[i % 3]}\n" for i in range(12)))
+    two.write_text("sentence,label\n" + "".join(f"text {i},{'ab'[i % 2]}\n" for i in range(8)))
+    script = load_script("finetune_classification")
+
+    def argv(data, start, out, *more):
+        return [str(a) for a in ["--train_file", data, "--validation_file", data, "--model_name_or_path", start,
+                                 "--max_train_steps", 2, "--per_device_train_batch_size", 4, "--output_dir", out,
+                                 *more]]
+
+    script.main(argv(three, tmp_path / "mlm", tmp_path / "cls3", "--learning_rate", 0))
+    start, tuned = load_file(tmp_path / "mlm" / "model.safetensors"), load_file(tmp_path / "cls3" / "model.safetensors")
+    encoder = [name for name in start if name.startswith("sinebert.")]
+    assert encoder and all(torch.equal(start[name], tuned[name]) for name in encoder)
+    line = user_error(capsys, script, argv(two, tmp_path / "cls3", tmp_path / "cls2"))
+    assert "(2 labels); pass --ignore_mismatched_sizes" in line
+    script.main(argv(two, tmp_path / "cls3", tmp_path / "cls2b", "--ignore_mismatched_sizes"))
+    assert json.loads((tmp_path / "cls2b" / "config.json").read_text())["id2label"] == {"0": "a", "1": "b"}

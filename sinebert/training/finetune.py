@@ -42,7 +42,16 @@ def load_model(auto_class, args, tokenizer, **config_values) -> nn.Module:
     """`load_pretrained` with --ignore_mismatched_sizes passed on when starting from a checkpoint."""
     if args.model_name_or_path and args.ignore_mismatched_sizes:
         config_values["ignore_mismatched_sizes"] = True
-    return load_pretrained(auto_class, args, tokenizer, **config_values)
+    try:
+        return load_pretrained(auto_class, args, tokenizer, **config_values)
+    except RuntimeError as error:
+        if "ignore_mismatched_sizes" not in str(error):
+            raise
+        raise UserError(
+            f"The task head of --model_name_or_path {args.model_name_or_path} has another size than this data needs "
+            f"({config_values.get('num_labels', 'its')} labels); pass --ignore_mismatched_sizes to start that head "
+            "afresh."
+        ) from None
 
 
 class PaddingCollator:

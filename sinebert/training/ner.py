@@ -101,15 +101,19 @@ def load_ner_sentences(args) -> dict[str, list[Sentence]]:
             f"({', '.join(CONLL_SUFFIXES)}) or json / jsonl files, not a mix."
         )
     check_encoding(files, args.encoding)
-    splits = {}
-    for name, flag, patterns in (("train", "--train_file", args.train_file), ("validation", "--validation_file",
-                                                                              args.validation_file)):
-        splits[name] = [
-            sentence
-            for path in expand_files(patterns, flag)
-            for sentence in read_conll(path, args.conll_token_column, args.conll_tag_column, args.encoding)
-        ]
+    splits = {
+        "train": _read_conll_files(args.train_file, "--train_file", args),
+        "validation": _read_conll_files(args.validation_file, "--validation_file", args),
+    }
     return _with_validation(splits, args)
+
+
+def _read_conll_files(patterns: list[str] | None, flag: str, args) -> list[Sentence]:
+    return [
+        sentence
+        for path in expand_files(patterns, flag)
+        for sentence in read_conll(path, args.conll_token_column, args.conll_tag_column, args.encoding)
+    ]
 
 
 def _load_records(args) -> dict[str, list[Sentence]]:
