@@ -316,3 +316,14 @@ def test_class_label_features_of_a_dataset_folder_name_the_labels(tmp_path, toke
     ner = load_ner_data(namespace(dataset_name=str(tmp_path / "ner")), tokenizer)
     assert ner.names == ["O", "B-PER", "I-PER"]
     assert [s.tags for s in ner.eval_sentences] == [["B-PER", "O"], ["B-PER", "I-PER"]]
+
+
+def test_malformed_squad_json_is_one_clear_error(tmp_path, tokenizer):
+    question = {"id": "q", "question": "who ?", "answers": []}
+    broken = write(tmp_path / "broken.json", json.dumps({"data": [{"paragraphs": [{"qas": [question]}]}]}))
+    with pytest.raises(UserError) as error:
+        load_qa_data(namespace(train_file=[broken], validation_file=[broken]), tokenizer)
+    assert "lacks the field 'context'" in one_sentence(error)
+    empty = write(tmp_path / "empty.json", json.dumps({"data": [{"paragraphs": [{"context": "x", "qas": []}]}]}))
+    with pytest.raises(UserError, match="The training data holds no question"):
+        load_qa_data(namespace(train_file=[empty], validation_file=[empty]), tokenizer)

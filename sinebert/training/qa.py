@@ -43,15 +43,22 @@ def read_squad_json(path: str, encoding: str = "utf-8") -> list[dict] | None:
         return None
     if not isinstance(document, dict) or not isinstance(document.get("data"), list):
         return None
-    return [
-        {"id": str(qa["id"]), "title": article.get("title", ""), "context": paragraph["context"],
-         "question": qa["question"],
-         "answers": {"text": [a["text"] for a in qa.get("answers", [])],
-                     "answer_start": [a["answer_start"] for a in qa.get("answers", [])]}}
-        for article in document["data"]
-        for paragraph in article["paragraphs"]
-        for qa in paragraph["qas"]
-    ]
+    try:
+        return [
+            {"id": str(qa["id"]), "title": article.get("title", ""), "context": paragraph["context"],
+             "question": qa["question"], "answers": _flat_answers(qa.get("answers", []))}
+            for article in document["data"]
+            for paragraph in article["paragraphs"]
+            for qa in paragraph["qas"]
+        ]
+    except (KeyError, TypeError, AttributeError) as error:
+        raise UserError(f"{path} looks like SQuAD JSON but lacks the field {error} somewhere; each article needs "
+                        "'paragraphs', each paragraph 'context' and 'qas', each question 'id' and 'question'.") from None
+
+
+def _flat_answers(answers: list[dict]) -> dict:
+    """SQuAD JSON answers [{text, answer_start}] in the flattened form {text: [...], answer_start: [...]}."""
+    return {"text": [a["text"] for a in answers], "answer_start": [a["answer_start"] for a in answers]}
 
 
 def load_qa_records(args) -> dict[str, list[dict]]:
@@ -217,6 +224,9 @@ def load_qa_data(args, tokenizer) -> QAData:
     train = to_examples(records["train"][: args.max_train_samples], "training", args.version_2_with_negative)
     validation = to_examples(records["validation"][: args.max_eval_samples], "validation",
                              args.version_2_with_negative)
+    for name, examples in (("training", train), ("validation", validation)):
+        if not examples:
+            raise UserError(f"The {name} data holds no question; check the files and their format.")
     check_window_room(train + validation, tokenizer, args.max_length, args.doc_stride)
     train_rows, _ = encode_examples(train, tokenizer, args.max_length, args.doc_stride)
     eval_rows, windows = encode_examples(validation, tokenizer, args.max_length, args.doc_stride)
