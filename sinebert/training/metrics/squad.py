@@ -74,7 +74,8 @@ class Squad(evaluate.Metric):
         return evaluate.MetricInfo(
             description=__doc__,
             citation="Rajpurkar et al., 2016, SQuAD: 100,000+ Questions for Machine Comprehension of Text.",
-            inputs_description="predictions: [{id, prediction_text}]; references: [{id, answers: {text, answer_start}}]",
+            inputs_description="predictions: [{id, prediction_text}]; "
+            "references: [{id, answers: {text, answer_start}}]",
             features=datasets.Features(
                 {
                     "predictions": {"id": datasets.Value("string"), "prediction_text": datasets.Value("string")},
