@@ -128,7 +128,8 @@ def test_every_head_loads_without_the_package_via_remote_code(saved_heads, tmp_p
             assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
             with torch.no_grad():
                 out = model(**inputs, return_dict=False)[0]
-            torch.testing.assert_close(out, expected[auto], atol=0, rtol=0)
+            # Not bit for bit: the fresh process may use another number of threads, hence another summation order.
+            torch.testing.assert_close(out, expected[auto], atol=1e-5, rtol=1e-5)
             print("ok", auto)
     """
     output = _run_without_package(script, tmp_path)

@@ -7,6 +7,7 @@ A task module (classification.py, ner.py, qa.py) turns its data into rows of tok
 
 import argparse
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
@@ -121,7 +122,7 @@ def predict_in_order(model: nn.Module, dataloader, accelerator: Accelerator,
     return [rows[i] for i in range(len(rows))]
 
 
-class Evaluation:
+class Evaluation(ABC):
     """`Task.evaluate` for a fine-tuning script: predicts the evaluation rows, scores them, and keeps the
     predictions of the latest evaluation for the final save.
 
@@ -148,14 +149,17 @@ class Evaluation:
             early_stopping_patience=args.early_stopping_patience, plot_metrics=self.plot_metrics,
         )
 
+    @abstractmethod
     def outputs(self, batch: dict, output) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """The tensors `(batch, ...)` to gather of a batch and the model's output."""
 
+    @abstractmethod
     def score(self, rows: list[dict[str, torch.Tensor]]) -> tuple[list, dict]:
-        raise NotImplementedError
+        """(predictions, metrics without the `eval_` prefix) from the gathered rows in dataset order."""
 
+    @abstractmethod
     def write(self, output_dir: Path):
-        raise NotImplementedError
+        """Write the latest predictions into `output_dir`."""
 
 
 def finish(args, accelerator: Accelerator, trainer: Trainer, tokenizer, evaluation: Evaluation, results: dict,
