@@ -8,6 +8,7 @@ import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -293,13 +294,21 @@ class SineBertAttention(nn.Module):
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        unpadded: "Unpadded | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, seq, hidden = hidden_states.shape
+        """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`."""
+        qkv = self.qkv_proj(hidden_states)  # (batch, seq, 3 * hidden) or (n_real, 3 * hidden)
+        if unpadded is not None:
+            qkv = unpadded.pad(qkv)  # back to (batch, seq, 3 * hidden) for the kernel; padding keys are masked
+        batch, seq, hidden = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         if seq == 0:  # nothing to attend to, and SDPA rejects empty sequences
             return self.out_proj(hidden_states), None
         # (batch, seq, 3 * hidden) -> (3, batch, heads, seq, head_dim)
-        qkv = self.qkv_proj(hidden_states).view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = qkv.view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         query, key, value = qkv.unbind(0)
         kernel = attention_kernel(self.config._attn_implementation, self.layer_type)
         if output_attentions and kernel != "eager":
@@ -319,6 +328,8 @@ class SineBertAttention(nn.Module):
             global_positions=self.global_positions,
         )
         output = output.reshape(batch, seq, hidden)  # (batch, seq, heads, head_dim) -> (batch, seq, hidden)
+        if unpadded is not None:
+            output = unpadded.unpad(output)  # (n_real, hidden)
         return self.out_proj(output), weights
 
     def kernel_description(self) -> str:
@@ -361,14 +372,21 @@ class SineBertLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        unpadded: "Unpadded | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`."""
         if self.pre_norm:
-            attended, weights = self.attention(self.attention_norm(hidden_states), attention_mask, output_attentions)
+            attended, weights = self.attention(
+                self.attention_norm(hidden_states), attention_mask, output_attentions, unpadded
+            )
             hidden_states = hidden_states + self.dropout(attended)
             hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
         else:
-            attended, weights = self.attention(hidden_states, attention_mask, output_attentions)
+            attended, weights = self.attention(hidden_states, attention_mask, output_attentions, unpadded)
             hidden_states = self.attention_norm(hidden_states + self.dropout(attended))
             hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
         return hidden_states, weights
@@ -412,6 +430,32 @@ def _padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask[:, None, None, :]
 
 
+class Unpadded(NamedTuple):
+    """Where the real tokens of a padded `(batch, seq)` batch sit once the padding is taken out.
+
+    Projections, feed-forward layers and LayerNorms then run on `(n_real, hidden)` rows only (Portes et al., 2023,
+    MosaicBERT; ModernBERT): with mixed-length batches most of the work is no longer spent on padding. Attention
+    puts the rows back into `(batch, seq)` shape for its kernel.
+    """
+
+    tokens: torch.Tensor  # (n_real,) positions of the real tokens in the flattened (batch * seq) batch
+    batch: int
+    seq: int
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor) -> "Unpadded":
+        return cls(attention_mask.flatten().nonzero().squeeze(-1), *attention_mask.shape)
+
+    def unpad(self, values: torch.Tensor) -> torch.Tensor:
+        """`(batch, seq, ...)` -> `(n_real, ...)`."""
+        return values.flatten(0, 1).index_select(0, self.tokens)
+
+    def pad(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n_real, ...)` -> `(batch, seq, ...)`, zeros at the padding."""
+        padded = values.new_zeros(self.batch * self.seq, *values.shape[1:]).index_copy(0, self.tokens, values)
+        return padded.view(self.batch, self.seq, *values.shape[1:])
+
+
 class SineBertModel(SineBertPreTrainedModel):
     """The bare encoder: `last_hidden_state` of shape `(batch, seq, hidden)`."""
 
@@ -449,14 +493,23 @@ class SineBertModel(SineBertPreTrainedModel):
             output_hidden_states = self.config.output_hidden_states
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         masks = self._layer_masks(attention_mask, hidden_states.shape[1], hidden_states.device)
+        # Padded batches drop their padding between the layers, except under the eager reference, which computes
+        # every position as written. The outputs at padding are then zeros instead of values nobody should read.
+        unpadded = None
+        if masks["full_attention"] is not None and self.config._attn_implementation != "eager":
+            unpadded = Unpadded.from_mask(attention_mask)
+            hidden_states = unpadded.unpad(hidden_states)  # (n_real, hidden)
         all_hidden_states, all_attentions = [], []
         for layer in self.layers:
             all_hidden_states.append(hidden_states)
-            hidden_states, weights = layer(hidden_states, masks[layer.attention.layer_type], output_attentions)
+            hidden_states, weights = layer(hidden_states, masks[layer.attention.layer_type], output_attentions, unpadded)
             all_attentions.append(weights)
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
         all_hidden_states.append(hidden_states)
+        if unpadded is not None:
+            hidden_states = unpadded.pad(hidden_states)
+            all_hidden_states = [unpadded.pad(h) for h in all_hidden_states] if output_hidden_states else []
         return BaseModelOutput(
             last_hidden_state=hidden_states,
             hidden_states=tuple(all_hidden_states) if output_hidden_states else None,

@@ -107,7 +107,7 @@ def test_mixed_local_global_model_is_identical_through_eager_and_fast_paths(norm
     torch.manual_seed(1)
     ids = torch.randint(5, 99, (3, 29))
     mask = _padded_batch_mask(3, 29)
-    labels = torch.where(torch.rand(3, 29) < 0.3, ids, -100)
+    labels = torch.where((torch.rand(3, 29) < 0.3) & mask.bool(), ids, -100)
     results = []
     for model in (eager, fast):
         model.zero_grad()
@@ -116,7 +116,8 @@ def test_mixed_local_global_model_is_identical_through_eager_and_fast_paths(norm
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         results.append((out.logits.detach(), out.loss.detach(), grads))
     (logits_a, loss_a, grads_a), (logits_b, loss_b, grads_b) = results
-    torch.testing.assert_close(logits_a, logits_b, atol=1e-5, rtol=1e-5)
+    real = mask.bool()  # the fast path drops padding between layers: outputs there are not compared
+    torch.testing.assert_close(logits_a[real], logits_b[real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss_a, loss_b, atol=1e-6, rtol=1e-6)
     assert grads_a.keys() == grads_b.keys() and grads_a
     for name in grads_a:

@@ -130,9 +130,32 @@ def test_eager_equals_sdpa_on_padded_batches(norm_placement):
     mask[1, 9:] = 0
     mask[2, 3:] = 0
     with torch.no_grad():
-        a = eager(input_ids=ids, attention_mask=mask).last_hidden_state
-        b = sdpa(input_ids=ids, attention_mask=mask).last_hidden_state
+        a = eager(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        b = sdpa(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    real = mask.bool()
+    # The fast path drops the padding between layers (unpadding): equal at real tokens, zeros at padding.
+    for reference, fast in zip(a.hidden_states, b.hidden_states):
+        torch.testing.assert_close(reference[real], fast[real], atol=1e-5, rtol=1e-5)
+    assert torch.equal(b.last_hidden_state[~real], torch.zeros_like(b.last_hidden_state[~real]))
+
+
+@pytest.mark.parametrize("cls", ALL_HEADS[1:])
+def test_unpadded_fast_path_matches_the_reference_in_every_head_and_its_gradients(cls):
+    eager, sdpa = _model_pair(cls, num_labels=3)
+    inputs = _inputs(batch=3, seq=10)
+    inputs["attention_mask"][0, 4:] = 0
+    real = inputs["attention_mask"].bool()
+    def at_real_tokens(output):  # per-token outputs are compared at real tokens only
+        return output[real] if output.shape[:2] == real.shape else output
+
+    for model in (eager, sdpa):
+        model.train()  # dropout is 0 in the tiny config: training mode changes nothing but must work
+        at_real_tokens(model(**inputs, return_dict=False)[0]).float().sum().backward()
+    a = at_real_tokens(eager(**inputs, return_dict=False)[0])
+    b = at_real_tokens(sdpa(**inputs, return_dict=False)[0])
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), sdpa.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
