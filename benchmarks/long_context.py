@@ -1,7 +1,7 @@
 """Long inputs: time and peak memory of full versus local attention, and how far sinusoidal positions extrapolate.
 
     python benchmarks/long_context.py speed          # one forward pass, L = 512 .. 32k, each in a fresh process
-    python benchmarks/long_context.py extrapolation  # pretrain at 128 tokens (minutes), masked-token accuracy at 128..2048
+    python benchmarks/long_context.py extrapolation  # pretrain at 128 tokens, masked-token accuracy at 128..2048
     python benchmarks/long_context.py all
 
 Writes benchmarks/results/long_context_{speed,extrapolation}.{json,md,png}. Timings are wall-clock on whatever this
@@ -182,7 +182,7 @@ def speed_table(report: dict) -> str:
             cells.append(row["skipped"].split(":")[0] if "skipped" in row else
                          f"{row['seconds']:.2f} s, {row['us_per_token']:.0f} µs/tok, {row['peak_rss_mib']:,.0f} MiB")
         lines.append(f"| {spec.label} | " + " | ".join(cells) + " |")
-    threads = {r["threads"] for r in rows if "threads" in r}
+    threads = "/".join(str(t) for t in sorted({r["threads"] for r in rows if "threads" in r}))
     notes = [f"One forward pass, batch 1, fp32, no grad, {threads} torch thread(s), {report['model']}; time = the "
              "fastest of up to 5 passes (as many as fit in 30 s; 1 for the slowest cells); memory = peak RSS of the "
              "whole process (Python, torch, weights and the pass), each cell a "
@@ -190,9 +190,10 @@ def speed_table(report: dict) -> str:
              f"{report['load_average_after']} after (other jobs shared the machine)."]
     for setup, target in report["targets"].items():
         notes.append(
-            f"{SPEED_SETUPS[setup].label}: the forward pass's own memory grows x{target['forward_mib_ratio_32k_over_8k']:.1f} "
-            f"from 8k to 32k tokens (x4 = linear); peak {target['peak_gib_at_32k']:.2f} GiB at 32k; time per token at 32k "
-            f"is x{target['time_per_token_ratio_32k_over_2k']:.2f} that at 2k."
+            f"{SPEED_SETUPS[setup].label}: the forward pass's own memory grows "
+            f"x{target['forward_mib_ratio_32k_over_8k']:.1f} from 8k to 32k tokens (x4 = linear); peak "
+            f"{target['peak_gib_at_32k']:.2f} GiB at 32k; time per token at 32k is "
+            f"x{target['time_per_token_ratio_32k_over_2k']:.2f} that at 2k."
         )
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {note}" for note in notes) + "\n"
 
@@ -265,9 +266,10 @@ def pretrain(work: Path, minutes: float, steps: int, threads: int | None) -> Pat
     subprocess.run([python, "scripts/pretrain.py", "--train_file", str(train_file), "--tokenizer_name",
                     str(work / "tokenizer"), "--output_dir", str(work / "pretrain"), "--overwrite_output_dir", *sizes,
                     "--norm_placement", "pre", "--scale_embeddings", "--max_seq_length", "128",
-                    "--per_device_train_batch_size", "16", "--learning_rate", "2e-3", "--lr_scheduler_type",
-                    "constant_with_warmup", "--num_warmup_steps", "50", "--max_train_steps", str(steps), "--max_train_minutes", str(minutes), "--mixed_precision",
-                    "no", "--max_eval_samples", "256", "--eval_steps", str(steps), "--logging_steps", "25"],
+                    "--per_device_train_batch_size", "16", "--learning_rate", "2e-3",
+                    "--lr_scheduler_type", "constant_with_warmup", "--num_warmup_steps", "50",
+                    "--max_train_steps", str(steps), "--max_train_minutes", str(minutes), "--mixed_precision", "no",
+                    "--max_eval_samples", "256", "--eval_steps", str(steps), "--logging_steps", "25"],
                    check=True, cwd=ROOT, env=env)
     return work / "pretrain"
 
@@ -435,7 +437,7 @@ def main():
         rewrite_reports()
         return
     if not SHARED_DATA.is_dir() and args.part in ("extrapolation", "all"):
-        sys.exit(f"{SHARED_DATA} (the shared data) is missing; the extrapolation benchmark reads squad/sst2/conll there.")
+        sys.exit(f"{SHARED_DATA} (the shared data) is missing; the extrapolation benchmark reads its text there.")
     if args.part in ("speed", "all"):
         speed(args)
     if args.part in ("extrapolation", "all"):

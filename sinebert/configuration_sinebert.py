@@ -152,7 +152,9 @@ class SineBertConfig(PreTrainedConfig):
                     )
             return
         if not _is_positive_int(window):
-            raise ValueError(f"sliding_window must be a positive integer (tokens on each side) or None, got {window!r}.")
+            raise ValueError(
+                f"sliding_window must be a positive integer (tokens on each side) or None, got {window!r}."
+            )
         if every is not None and not _is_positive_int(every):
             raise ValueError(f"global_attn_every_n_layers must be a positive integer or None, got {every!r}.")
         if every == 1:

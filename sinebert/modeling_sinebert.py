@@ -170,7 +170,8 @@ def _neighbour_blocks(tensor: torch.Tensor, dim: int, block: int, tail: int, ext
     shape = padded.shape
     blocks = shape[dim] // block - 2
     split = padded.view(*shape[:dim], blocks + 2, block, *shape[dim + 1 :])  # (..., blocks + 2, block, ...)
-    pieces = [split.narrow(dim, offset, blocks) for offset in range(3)]  # previous, own, next: (..., blocks, block, ...)
+    # The previous, own and next block of each block: 3 x (..., blocks, block, ...)
+    pieces = [split.narrow(dim, offset, blocks) for offset in range(3)]
     pieces.append(extra.unsqueeze(dim).expand(*shape[:dim], blocks, *extra.shape[dim:]))
     return torch.cat(pieces, dim=dim + 1)
 
@@ -207,7 +208,8 @@ def local_attention_forward(
     glob = _global_index(global_positions, seq, query.device)  # (n_global,)
     keys = _neighbour_blocks(key, 2, block, tail, key[:, :, glob])  # (batch, heads, blocks, k, head_dim)
     values = _neighbour_blocks(value, 2, block, tail, value[:, :, glob])  # k = 3 * block + n_global
-    blocked = ~_local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)  # (b or 1, 1, blocks, block, k)
+    # (batch or 1, 1, blocks, block, k): True where a query may not attend a key
+    blocked = ~_local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)
     # Scaling the queries costs seq * head_dim multiplications; scaling the scores would cost seq * k.
     queries = F.pad(query * scaling, (0, 0, 0, tail)).view(batch, heads, blocks, block, head_dim)
     scores = torch.matmul(queries, keys.transpose(-1, -2))  # (batch, heads, blocks, block, k)
@@ -343,7 +345,8 @@ class SineBertAttention(nn.Module):
     def extra_repr(self) -> str:
         if self.layer_type == "full_attention":
             return "layer_type=full_attention"
-        return f"layer_type=sliding_attention, sliding_window={self.sliding_window}, global={list(self.global_positions)}"
+        window, positions = self.sliding_window, list(self.global_positions)
+        return f"layer_type=sliding_attention, sliding_window={window}, global={positions}"
 
 
 class SineBertMLP(nn.Module):
