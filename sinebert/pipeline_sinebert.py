@@ -135,7 +135,8 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
     qa(question="Who wrote it?", context="It was written by Ada.")  # {'score': .., 'start': 18, 'end': 21, 'answer': 'Ada'}
     ```
     Parameters (at construction or per call): top_k (1), doc_stride (128), max_answer_len (15), max_seq_len
-    (384, capped at the tokenizer's limit), handle_impossible_answer (False).
+    (384; sinebert has no length limit, so longer windows work, best with a sliding-window model) and
+    handle_impossible_answer (False).
     """
 
     _load_processor = False
@@ -189,7 +190,6 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
         question, context = example["question"], example["context"]
         if not isinstance(question, str) or not question.strip() or not isinstance(context, str) or not context:
             raise ValueError(f"question and context must be non-empty strings, got {question!r:.60}, {context!r:.60}.")
-        max_seq_len = min(max_seq_len, self.tokenizer.model_max_length)
         question_len = len(self.tokenizer(question, add_special_tokens=False)["input_ids"])
         if doc_stride >= max_seq_len - question_len - 3:
             raise ValueError(

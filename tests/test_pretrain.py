@@ -187,3 +187,15 @@ def test_time_budget_sets_the_length_and_the_schedule(corpus, tokenizer_dir, tmp
     # Warmup over the first 20% of the time, then a linear decay towards zero at the end of the budget.
     assert 0 < peak < len(rates) - 1 and rates[-1] < 0.5 * max(rates)
     assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))
+
+
+def test_attention_layout_flags_and_the_kernels_are_reported(corpus, tokenizer_dir, tmp_path):
+    out = tmp_path / "local"
+    load_script("pretrain").main([str(a) for a in [
+        *data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 4, "--max_train_steps", 2,
+        "--max_eval_samples", 8, "--sliding_window", 4, "--global_attn_every_n_layers", 2,
+        "--global_attention_positions", 0, "--output_dir", out]])
+    kernels = json.loads((out / "all_results.json").read_text())["attention_kernels"]
+    assert kernels == ["full_attention via sdpa", "sliding_attention(window=4, global=[0]) via local_blocked"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["sliding_window"] == 4 and config["global_attention_positions"] == [0]

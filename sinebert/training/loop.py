@@ -150,6 +150,10 @@ class Trainer:
         self.total_steps = sys.maxsize if self.time_budget else training_steps(args, batches_per_epoch)
         if args.gradient_checkpointing:
             model.activation_checkpointing_enable()
+        # Which kernel runs each layer is said up front and kept in the results: nothing falls back silently.
+        self.attention_kernels = model.attention_kernels() if hasattr(model, "attention_kernels") else None
+        if self.attention_kernels:
+            accelerator.print("attention: " + "; ".join(self.attention_kernels))
         optimizer = build_optimizer(model, args)
         self.state = TrainerState()
         scheduler = self._build_scheduler(optimizer)
@@ -252,6 +256,7 @@ class Trainer:
             "train_seconds": round(self.state.training_seconds, 2),
             "train_tokens_per_second": self.state.tokens / max(self.state.training_seconds, 1e-9),
             "stopped_early": stop_reason,
+            "attention_kernels": self.attention_kernels,
         }
 
     # ----- one optimizer step -----

@@ -10,6 +10,9 @@ from .errors import UserError
 
 SIZE_FLAGS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "norm_placement",
               "hidden_dropout_prob", "attention_probs_dropout_prob", "scale_embeddings", "hidden_act")
+# The attention layout also applies to a pretrained checkpoint: sinusoidal positions let a model pretrained with full
+# attention at 128 tokens be fine-tuned with sliding-window layers on long inputs.
+LAYOUT_FLAGS = ("sliding_window", "global_attn_every_n_layers", "global_attention_positions")
 
 
 def add_size_arguments(parser):
@@ -24,6 +27,11 @@ def add_size_arguments(parser):
     group.add_argument("--attention_probs_dropout_prob", type=float)
     group.add_argument("--hidden_act")
     group.add_argument("--scale_embeddings", action="store_true", default=None)
+    group = parser.add_argument_group("attention layout (from scratch or over a checkpoint)")
+    group.add_argument("--sliding_window", type=int, help="Local attention: tokens seen on each side.")
+    group.add_argument("--global_attn_every_n_layers", type=int, help="With --sliding_window: layers 0, n, 2n... full.")
+    group.add_argument("--global_attention_positions", type=int, nargs="+",
+                       help="With --sliding_window: positions (e.g. 0 for [CLS]) that attend to and from every token.")
 
 
 def load_tokenizer(args):
@@ -53,7 +61,7 @@ def scratch_config(args, tokenizer, **task_values) -> SineBertConfig:
             values = read_config_file(args.config_name)
         for key in ("architectures", "auto_map", "transformers_version", "model_type", "_name_or_path"):
             values.pop(key, None)
-    values.update({k: getattr(args, k) for k in SIZE_FLAGS if getattr(args, k, None) is not None})
+    values.update({k: getattr(args, k) for k in SIZE_FLAGS + LAYOUT_FLAGS if getattr(args, k, None) is not None})
     values.setdefault("vocab_size", len(tokenizer))
     values["pad_token_id"] = tokenizer.pad_token_id
     values.update(task_values)
@@ -85,10 +93,11 @@ def load_pretrained(auto_class, args, tokenizer, **config_values):
                 f"{path} holds only pickle weights (*.bin), and loading a pickle can run arbitrary code; convert "
                 "them to safetensors, or pass --allow_pickle_weights if you trust whoever wrote them."
             )
+    layout = {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k, None) is not None}
     try:
         model = auto_class.from_pretrained(
             args.model_name_or_path, trust_remote_code=args.trust_remote_code,
-            use_safetensors=None if args.allow_pickle_weights else True, **config_values, **attn,
+            use_safetensors=None if args.allow_pickle_weights else True, **layout, **config_values, **attn,
         )
     except OSError as error:
         raise UserError(f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {error}")

@@ -173,10 +173,10 @@ def answer_token_span(offsets, context_mask: list[bool], start_char: int, end_ch
 
 
 def check_window_room(examples: list[QAExample], tokenizer, max_length: int, doc_stride: int):
-    """Every question must leave room for new context in each window, as the pipeline also requires."""
-    if max_length > tokenizer.model_max_length:
-        raise UserError(f"--max_seq_length {max_length} exceeds the tokenizer's model_max_length "
-                        f"{tokenizer.model_max_length}; lower it.")
+    """Every question must leave room for new context in each window, as the pipeline also requires.
+
+    Windows may be longer than the tokenizer's model_max_length: sinusoidal positions have no length limit (use a
+    --sliding_window model for long windows, e.g. a whole paragraph without doc_stride splits)."""
     lengths = tokenizer([e.question for e in examples], add_special_tokens=False)["input_ids"]
     for example, ids in zip(examples, lengths):
         if doc_stride >= max_length - len(ids) - 3:
