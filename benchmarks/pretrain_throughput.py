@@ -62,7 +62,7 @@ def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: P
     launch(processes, precision, [
         "--train_file", str(data), "--tokenizer_name", str(tokenizer), *MODEL, "--max_seq_length", "128",
         "--per_device_train_batch_size", str(batch // processes), "--max_train_steps", str(steps),
-        "--logging_steps", "5", "--eval_steps", str(10 * steps), "--max_eval_samples", "64",
+        "--logging_steps", str(max(1, steps // 8)), "--eval_steps", str(10 * steps), "--max_eval_samples", "64",
         "--output_dir", str(out), "--overwrite_output_dir",
     ])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -77,6 +77,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="A few steps of one configuration.")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--bf16_steps", type=int, default=8,
+                        help="Steps of the bf16 runs: CPUs without native bf16 matmuls run them many times slower.")
     parser.add_argument("--batch", type=int, default=32, help="Global batch (split over processes).")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,8 +88,9 @@ def main():
                         "--vocab_size", "16000", "--output_dir", str(work / "tokenizer")], check=True,
                        capture_output=True)
         configs = [(1, "no")] if args.quick else [(1, "no"), (1, "bf16"), (2, "no"), (2, "bf16")]
-        steps = 10 if args.quick else args.steps
-        results = [measure(p, precision, data, work / "tokenizer", work, steps, args.batch) for p, precision in configs]
+        steps = {"no": 10 if args.quick else args.steps, "bf16": args.bf16_steps}
+        results = [measure(p, precision, data, work / "tokenizer", work, steps[precision], args.batch)
+                   for p, precision in configs]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
               f"{os.cpu_count()} cores", "model": "hidden 256, 4 layers, 4 heads, FFN 1024, vocab 16000, seq 128",
               "results": results}
@@ -97,9 +100,9 @@ def main():
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pretrain_throughput.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"Pretraining throughput of scripts/pretrain.py ({report['model']}, global batch {args.batch}), "
-             f"{report['date']}, {report['machine']}.", "", "| processes | precision | tokens/s |", "|---|---|---|"]
+             f"{report['date']}, {report['machine']}.", "", "| processes | precision | tokens/s | steps |", "|---|---|---|---|"]
     lines += [f"| {r['processes']} | {'fp32' if r['precision'] == 'no' else r['precision']} | "
-              f"{r['tokens_per_second']:,.0f} |" for r in results]
+              f"{r['tokens_per_second']:,.0f} | {r['steps']} |" for r in results]
     (RESULTS / "pretrain_throughput.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
