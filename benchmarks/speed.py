@@ -1,0 +1,326 @@
+"""sinebert against Hugging Face BERT of identical dimensions, side by side in one process, on the same batches.
+
+    python benchmarks/speed.py              # everything (about 15 minutes on 2 CPU cores)
+    python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
+
+Measures (each model in its own best setting: sinebert with its pretraining settings, BERT with
+attn_implementation="sdpa"; steps interleaved, so machine noise hits both alike):
+- pretraining step throughput (tokens/s) at two sizes, fp32 and bf16 autocast, batch 32 x 128, 15% masking;
+  and the model FLOP/s of each as a share of this machine's matmul peak for that dtype (measured here);
+- inference throughput on the SST-2 dev sentences in batches of 32 padded to the longest, as users run BERT;
+- peak memory (RSS) of each in a fresh process;
+- masked-token accuracy of both after the same steps on the same real batches (--curves).
+Writes benchmarks/results/speed.{json,md} and speed_*.png.
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+from sinebert import SineBertConfig, SineBertForMaskedLM, SineBertForSequenceClassification
+from sinebert.training.loop import cpu_has_native_bf16
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RESULTS = ROOT / "benchmarks" / "results"
+DATA = ROOT.parent / "shared" / "data"
+SIZES = {"small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+         "base-ish": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, intermediate_size=2048)}
+VOCAB, BATCH, SEQ, MASKING = 16000, 32, 128, 0.15
+# The same benchmark on a GPU machine: models, batches and autocast go to CUDA, timings synchronise it, and memory is
+# the CUDA allocator's peak instead of the process's RSS.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def synchronize():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def autocast(precision: str):
+    return torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    """Best GFLOP/s of an n x n matmul in `dtype` on this machine."""
+    a, b = torch.randn(n, n, dtype=dtype, device=DEVICE), torch.randn(n, n, dtype=dtype, device=DEVICE)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        a @ b
+        synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def models(size: str, task: str = "mlm"):
+    """(sinebert, BERT) of identical dimensions; dropout 0.1 in both."""
+    dims = dict(SIZES[size], vocab_size=VOCAB, max_position_embeddings=512, type_vocab_size=2)
+    torch.manual_seed(0)
+    if task == "mlm":
+        ours = SineBertForMaskedLM(SineBertConfig(**dims, sparse_prediction=True))
+        theirs = BertForMaskedLM(BertConfig(**dims, attn_implementation="sdpa"))
+    else:
+        ours = SineBertForSequenceClassification(SineBertConfig(**dims, num_labels=2))
+        theirs = BertForSequenceClassification(BertConfig(**dims, num_labels=2, attn_implementation="sdpa"))
+    return ours.to(DEVICE), theirs.to(DEVICE)
+
+
+def masked_batch(generator: torch.Generator) -> dict:
+    ids = torch.randint(5, VOCAB, (BATCH, SEQ), generator=generator)
+    chosen = torch.rand(BATCH, SEQ, generator=generator) < MASKING
+    return {"input_ids": torch.where(chosen, 4, ids).to(DEVICE), "labels": torch.where(chosen, ids, -100).to(DEVICE)}
+
+
+def training_flops_per_token(size: str, dense_decoder: bool) -> float:
+    """Matmul FLOPs of one training step per token: 6 x parameters used per token (forward 2, backward 4), plus
+    attention scores and mixing; the decoder counts for every token (BERT) or only masked ones (sinebert)."""
+    d, layers, ffn = SIZES[size]["hidden_size"], SIZES[size]["num_hidden_layers"], SIZES[size]["intermediate_size"]
+    per_layer = 4 * d * d + 2 * d * ffn
+    attention = 2 * 2 * SEQ * d  # QK^T and AV per token per layer
+    head = d * d + d * VOCAB
+    share = 1.0 if dense_decoder else MASKING
+    return 6 * (layers * per_layer + share * head) + 3 * layers * attention
+
+
+def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> dict:
+    """Median tokens/s of interleaved training steps (after `warmup` steps each). Both use the fused AdamW step that
+    sinebert's Trainer uses: the optimizer is not what is compared."""
+    ours, theirs = models(size)
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+                  for name, m in (("sinebert", ours), ("bert", theirs))}
+    generator = torch.Generator().manual_seed(0)
+    batches = [masked_batch(generator) for _ in range(4)]
+    times = {"sinebert": [], "bert": []}
+    for step in range(steps + warmup):
+        for name, model in (("sinebert", ours), ("bert", theirs)):
+            batch = batches[step % len(batches)]
+            synchronize()
+            start = time.perf_counter()
+            with autocast(precision):
+                loss = model(**batch).loss
+            loss.backward()
+            optimizers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
+            synchronize()
+            if step >= warmup:
+                times[name].append(time.perf_counter() - start)
+    result = {"size": size, "precision": precision}
+    for name in times:
+        seconds = statistics.median(times[name])
+        result[f"{name}_tokens_per_second"] = BATCH * SEQ / seconds
+        flops = training_flops_per_token(size, dense_decoder=name == "bert") * BATCH * SEQ / seconds
+        result[f"{name}_gflops"] = flops / 1e9
+    result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
+    return result
+
+
+def sst2_dev() -> list[str]:
+    lines = (DATA / "sst2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return [line.split("\t")[0] for line in lines]
+
+
+def inference_batches(sentences: list[str]):
+    """Batches of 32 in file order, padded to the longest of each, as a user's loop or pipeline does."""
+    from sinebert.training.tokenizer import train_wordpiece
+
+    tokenizer = train_wordpiece(sentences, vocab_size=2000, min_frequency=1)
+    return [tokenizer(sentences[i : i + 32], padding=True, return_tensors="pt").to(DEVICE)
+            for i in range(0, len(sentences), 32)]
+
+
+def inference_throughput(precision: str, repeats: int) -> dict:
+    ours, theirs = (m.eval() for m in models("small", task="classification"))
+    batches = inference_batches(sst2_dev())
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    padded = sum(b["attention_mask"].numel() for b in batches)
+    times = {"sinebert": [], "bert": []}
+    with torch.no_grad(), autocast(precision):
+        for repeat in range(repeats + 1):
+            for name, model in (("sinebert", ours), ("bert", theirs)):
+                synchronize()
+                start = time.perf_counter()
+                for batch in batches:
+                    model(**batch)
+                synchronize()
+                if repeat:
+                    times[name].append(time.perf_counter() - start)
+    result = {"precision": precision, "real_tokens": tokens, "padded_tokens": padded}
+    for name in times:
+        result[f"{name}_tokens_per_second"] = tokens / statistics.median(times[name])
+    result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
+    return result
+
+
+def training_peak(model_name: str, size: str, precision: str, steps: int) -> float:
+    """Peak memory (MiB) of `steps` training steps of one model, run in a fresh process: the process's peak RSS on
+    a CPU, the CUDA allocator's peak on a GPU."""
+    ours, theirs = models(size)
+    model = {"sinebert": ours, "bert": theirs}[model_name]
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        with autocast(precision):
+            loss = model(**masked_batch(generator)).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if DEVICE.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_memory(model_name: str, size: str, precision: str, steps: int = 3) -> float:
+    """`training_peak` in a fresh process, so that one model's allocations do not count for the other."""
+    call = f"training_peak({model_name!r}, {size!r}, {precision!r}, {steps})"
+    code = f"from benchmarks.speed import training_peak; print({call})"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def accuracy_curves(steps: int) -> dict:
+    """Masked-token accuracy of both models (small size) every 25 steps, trained on the same real batches."""
+    from sinebert.training.mlm import MaskingCollator, pack_texts
+    from sinebert.training.tokenizer import train_wordpiece
+
+    lines = [row.split("\t")[0] for row in (DATA / "sst2" / "train.tsv").read_text().splitlines()[1:]]
+    tokenizer = train_wordpiece(lines, vocab_size=VOCAB)
+    blocks = pack_texts(lines, tokenizer, SEQ)
+    collator = MaskingCollator(tokenizer, MASKING, seed=0)
+
+    def batch_of(rows, first: int) -> dict:
+        """The masked batch of `rows`, numbered from `first` (each example keeps its own mask), on DEVICE."""
+        masked = collator([{"input_ids": b, "example_id": first + i} for i, b in enumerate(rows)])
+        return {key: value.to(DEVICE) for key, value in masked.items()}
+
+    held_out = batch_of(blocks[:128], 0)
+    train = blocks[128:]
+    ours, theirs = models("small")
+    curves = {"step": [], "sinebert": [], "bert": []}
+    optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=5e-4, fused=True) for m in (ours, theirs)}
+    for step in range(steps + 1):
+        if step % 25 == 0:
+            curves["step"].append(step)
+            for name, model in (("sinebert", ours), ("bert", theirs)):
+                curves[name].append(masked_accuracy(model, held_out))
+        if step == steps:
+            break
+        start = (step * BATCH) % (len(train) - BATCH)
+        batch = batch_of(train[start : start + BATCH], start)
+        for model in (ours, theirs):
+            model.train()
+            model(**batch).loss.backward()
+            optimizers[id(model)].step()
+            optimizers[id(model)].zero_grad(set_to_none=True)
+    return curves
+
+
+def masked_accuracy(model, batch) -> float:
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    chosen = batch["labels"] != -100
+    return float((logits[chosen].argmax(-1) == batch["labels"][chosen]).float().mean())
+
+
+def plot(report: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    rows = report["training"]
+    labels = [f"{r['size']}\n{r['precision']}" for r in rows]
+    x = range(len(rows))
+    axes[0].bar([i - 0.2 for i in x], [r["bert_tokens_per_second"] for r in rows], 0.4, label="HF BERT (sdpa)")
+    axes[0].bar([i + 0.2 for i in x], [r["sinebert_tokens_per_second"] for r in rows], 0.4, label="sinebert")
+    axes[0].set_xticks(list(x), labels)
+    axes[0].set_ylabel("training tokens/s")
+    axes[0].set_title("pretraining step, batch 32 x 128")
+    axes[0].legend()
+    curves = report.get("curves")
+    if curves:
+        axes[1].plot(curves["step"], curves["bert"], "o-", label="HF BERT")
+        axes[1].plot(curves["step"], curves["sinebert"], "s-", label="sinebert")
+        axes[1].set_xlabel("step (same batches)")
+        axes[1].set_ylabel("held-out masked-token accuracy")
+        axes[1].legend()
+    figure.tight_layout()
+    figure.savefig(RESULTS / "speed.png", dpi=110)
+
+
+def markdown(report: dict) -> str:
+    lines = [f"sinebert vs Hugging Face BERT, {report['date']}, {report['machine']}; matmul peak "
+             f"{report['peak_gflops']['fp32']:.0f} GFLOP/s fp32, {report['peak_gflops']['bf16']:.0f} bf16.", "",
+             "| pretraining step | BERT tokens/s | sinebert tokens/s | speed-up | sinebert share of peak |",
+             "|---|---|---|---|---|"]
+    for r in report["training"]:
+        share = r["sinebert_gflops"] / report["peak_gflops"][r["precision"]]
+        lines.append(f"| {r['size']} {r['precision']} | {r['bert_tokens_per_second']:,.0f} | "
+                     f"{r['sinebert_tokens_per_second']:,.0f} | {r['speedup']:.2f}x | {share:.0%} |")
+    lines += ["", "| SST-2 dev inference | BERT tokens/s | sinebert tokens/s | speed-up |", "|---|---|---|---|"]
+    for r in report["inference"]:
+        lines.append(f"| {r['precision']} | {r['bert_tokens_per_second']:,.0f} | {r['sinebert_tokens_per_second']:,.0f}"
+                     f" | {r['speedup']:.2f}x |")
+    if report.get("memory"):
+        lines += ["", "| peak RSS of training steps | BERT MiB | sinebert MiB |", "|---|---|---|"]
+        for key, values in report["memory"].items():
+            lines.append(f"| {key} | {values['bert']:,.0f} | {values['sinebert']:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def machine() -> str:
+    where = torch.cuda.get_device_name() if DEVICE.type == "cuda" else f"{torch.get_num_threads()} threads"
+    return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {where}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--curve_steps", type=int, default=200)
+    args = parser.parse_args()
+    steps = 2 if args.quick else args.steps
+    # bf16 runs in software on CPUs without bf16 instructions (this one has AVX2 only, where a bf16 step takes 30x an
+    # fp32 one): there, one timed step after one warm-up, at the small size only, one step for memory and one timed
+    # inference pass.
+    native = DEVICE.type == "cuda" or cpu_has_native_bf16()
+    cells = [(size, p) for size in SIZES for p in ("fp32", "bf16") if native or p == "fp32" or size == "small"]
+    report = {
+        "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+        "peak_gflops": {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)},
+        "native_bf16": native,
+        "training": [train_throughput(size, p, steps, 2) if p == "fp32" or native else train_throughput(size, p, 1, 1)
+                     for size, p in cells],
+        "inference": [inference_throughput(p, 1 if args.quick or (p == "bf16" and not native) else 3)
+                      for p in ("fp32", "bf16")],
+    }
+    if not args.quick:
+        report["memory"] = {f"{size} {p}": {m: peak_memory(m, size, p, 3 if p == "fp32" or native else 1)
+                                            for m in ("bert", "sinebert")} for size, p in cells}
+        report["curves"] = accuracy_curves(args.curve_steps)
+    text = markdown(report)
+    print(text)
+    if not args.quick:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "speed.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / "speed.md").write_text(text)
+        plot(report)
+
+
+if __name__ == "__main__":
+    main()
