@@ -3,6 +3,8 @@ fails any test that opens a network connection."""
 
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(ROOT / "tests" / "network_guard"), str(ROOT), os.environ.get("PYTHONPATH")) if p
 )
+
+
+def accelerate_command(script: str, processes: int = 1, threads: int = 1) -> list[str]:
+    """`accelerate launch <script>` on 1 or more CPU processes of `threads` threads (DESIGN.md's 2-process form).
+
+    One thread per process by default: on a busy 2-core machine more threads than cores make every step many times
+    slower.
+    """
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no", "--num_cpu_threads_per_process", str(threads)]
+    launcher += ["--num_processes", "1"] if processes == 1 else ["--multi_gpu", "--num_processes", str(processes)]
+    return [*launcher, script]
+
+
+def launch_script(name: str, *args, processes: int = 1, threads: int = 1, timeout: int = 600):
+    """Run scripts/<name>.py through `accelerate launch` on the CPU; asserts that it succeeds."""
+    command = accelerate_command(str(ROOT / "scripts" / f"{name}.py"), processes, threads)
+    result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "ACCELERATE_USE_CPU": "true"}, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,7 +8,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from sinebert.training.checkpoint import CheckpointManager
-from tests.conftest import ROOT
+from tests.conftest import ROOT, accelerate_command
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +23,7 @@ STEPS = 16
 
 
 def command(processes: int, script: str = "scripts/pretrain.py") -> list[str]:
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
-                "--dynamo_backend", "no"]
-    if processes == 1:
-        launcher += ["--num_processes", "1", "--num_cpu_threads_per_process", "2"]
-    else:
-        launcher += ["--multi_gpu", "--num_processes", str(processes), "--num_cpu_threads_per_process", "1"]
-    return [*launcher, script]
+    return accelerate_command(script, processes, threads=2 if processes == 1 else 1)
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,7 @@ model trained from scratch: they beat a trivial baseline on held-out rows, and t
 pipeline that predicts what the script's own predictions file says."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +15,7 @@ from sinebert.training.metrics.seqeval_strict import compute_entities
 from sinebert.training.metrics.squad import compute_squad
 from sinebert.training.qa import read_squad_json
 from sinebert.training.tokenizer import train_wordpiece
-from tests.conftest import ROOT, load_script, user_error
+from tests.conftest import launch_script, load_script, user_error
 
 # hidden 64, 2 layers; embeddings scaled by sqrt(hidden) so the fixed sinusoids (entries in [-1, 1]) do not drown the
 # small initial word embeddings, which lets a model trained from scratch learn within a hundred steps.
@@ -27,21 +24,8 @@ TINY = ["--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_head
         "--learning_rate", "2e-3", "--logging_steps", "5"]
 
 
-def launch(script: str, *args, processes: int = 1, timeout: int = 600):
-    """`accelerate launch scripts/<script>.py` on 1 or 2 CPU processes (see DESIGN.md for the 2-process form).
-
-    One thread per process: on a busy 2-core machine more threads than cores make every step many times slower.
-    """
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
-                "--dynamo_backend", "no", "--num_cpu_threads_per_process", "1"]
-    launcher += ["--num_processes", "1"] if processes == 1 else ["--multi_gpu", "--num_processes", str(processes)]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    result = subprocess.run(
-        [*launcher, str(ROOT / "scripts" / f"{script}.py"), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
+def launch(script: str, *args, processes: int = 1):
+    return launch_script(script, *args, processes=processes)
 
 
 def read_jsonl(path):

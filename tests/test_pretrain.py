@@ -2,10 +2,7 @@
 
 import collections
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401
-from tests.conftest import ROOT, load_script, user_error
+from tests.conftest import launch_script, load_script, user_error
 
 pytestmark = pytest.mark.slow
 
@@ -23,20 +20,8 @@ NO_DROPOUT = ["--hidden_dropout_prob", "0", "--attention_probs_dropout_prob", "0
 
 
 def launch(*args, processes: int = 1, timeout: int = 600):
-    """`accelerate launch` the pretraining script with 1 or 2 CPU processes (see DESIGN.md for the 2-process form)."""
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
-                "--dynamo_backend", "no"]
-    if processes == 1:
-        launcher += ["--num_processes", "1", "--num_cpu_threads_per_process", "2"]
-    else:
-        launcher += ["--multi_gpu", "--num_processes", str(processes), "--num_cpu_threads_per_process", "1"]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true"}
-    result = subprocess.run(
-        [*launcher, str(ROOT / "scripts" / "pretrain.py"), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
+    """The pretraining script on 1 or 2 CPU processes (one process gets both cores)."""
+    return launch_script("pretrain", *args, processes=processes, threads=2 if processes == 1 else 1, timeout=timeout)
 
 
 def rows(folder):
