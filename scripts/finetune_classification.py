@@ -13,12 +13,7 @@ import argparse
 from transformers import AutoModelForSequenceClassification
 
 import sinebert  # noqa: F401  (registers the Auto classes)
-from sinebert.training.arguments import (
-    add_data_arguments,
-    add_model_arguments,
-    add_training_arguments,
-    parse_with_config_file,
-)
+from sinebert.training.arguments import parse_with_config_file
 from sinebert.training.classification import (
     GLUE_TASKS,
     PROBLEM_TYPES,
@@ -28,18 +23,13 @@ from sinebert.training.classification import (
     model_card,
 )
 from sinebert.training.errors import run_cli
-from sinebert.training.finetune import PaddingCollator, add_finetune_arguments, finish, load_model, make_dataloaders
+from sinebert.training.finetune import PaddingCollator, finetune_parser, finish, load_model, make_dataloaders
 from sinebert.training.loop import Trainer, setup_accelerator, shutdown
-from sinebert.training.models import add_size_arguments, load_tokenizer
+from sinebert.training.models import load_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_data_arguments(parser)
-    add_model_arguments(parser)
-    add_size_arguments(parser)
-    add_training_arguments(parser, learning_rate=2e-4, batch_size=32, epochs=3)
-    add_finetune_arguments(parser, max_length=128)
+    parser = finetune_parser(__doc__, max_length=128, batch_size=32, epochs=3)
     group = parser.add_argument_group("classification")
     group.add_argument("--task_name", choices=sorted(GLUE_TASKS), help="A GLUE task, loaded from the hub.")
     group.add_argument("--text_column_name", help="Column of the (first) text (default: found by its usual name).")

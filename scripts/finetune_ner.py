@@ -13,26 +13,16 @@ import argparse
 from transformers import AutoModelForTokenClassification
 
 import sinebert  # noqa: F401  (registers the Auto classes)
-from sinebert.training.arguments import (
-    add_data_arguments,
-    add_model_arguments,
-    add_training_arguments,
-    parse_with_config_file,
-)
+from sinebert.training.arguments import parse_with_config_file
 from sinebert.training.errors import run_cli
-from sinebert.training.finetune import PaddingCollator, add_finetune_arguments, finish, load_model, make_dataloaders
+from sinebert.training.finetune import PaddingCollator, finetune_parser, finish, load_model, make_dataloaders
 from sinebert.training.loop import Trainer, setup_accelerator, shutdown
-from sinebert.training.models import add_size_arguments, load_tokenizer
+from sinebert.training.models import load_tokenizer
 from sinebert.training.ner import SCHEMES, NerEvaluation, labelled_token_count, load_ner_data, model_card
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_data_arguments(parser)
-    add_model_arguments(parser)
-    add_size_arguments(parser)
-    add_training_arguments(parser, learning_rate=2e-4, batch_size=32, epochs=3)
-    add_finetune_arguments(parser, max_length=128)
+    parser = finetune_parser(__doc__, max_length=128, batch_size=32, epochs=3)
     group = parser.add_argument_group("named-entity recognition")
     group.add_argument("--text_column_name", help="json / hub data: the column of token lists (default: 'tokens').")
     group.add_argument("--label_column_name", help="json / hub data: the column of tag lists (default: 'ner_tags').")

@@ -15,26 +15,16 @@ import argparse
 from transformers import AutoModelForQuestionAnswering
 
 import sinebert  # noqa: F401  (registers the Auto classes and the QA pipeline)
-from sinebert.training.arguments import (
-    add_data_arguments,
-    add_model_arguments,
-    add_training_arguments,
-    parse_with_config_file,
-)
+from sinebert.training.arguments import parse_with_config_file
 from sinebert.training.errors import run_cli
-from sinebert.training.finetune import PaddingCollator, add_finetune_arguments, finish, load_model, make_dataloaders
+from sinebert.training.finetune import PaddingCollator, finetune_parser, finish, load_model, make_dataloaders
 from sinebert.training.loop import Trainer, setup_accelerator, shutdown
-from sinebert.training.models import add_size_arguments, load_tokenizer
+from sinebert.training.models import load_tokenizer
 from sinebert.training.qa import QAEvaluation, load_qa_data, model_card, window_count
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_data_arguments(parser)
-    add_model_arguments(parser)
-    add_size_arguments(parser)
-    add_training_arguments(parser, learning_rate=2e-4, batch_size=16, epochs=2)
-    add_finetune_arguments(parser, max_length=384)
+    parser = finetune_parser(__doc__, max_length=384, batch_size=16, epochs=2)
     group = parser.add_argument_group("question answering")
     group.add_argument("--doc_stride", type=int, default=128, help="Tokens shared by consecutive context windows.")
     group.add_argument("--max_answer_length", type=int, default=30, help="Longest answer, in tokens.")

@@ -15,15 +15,23 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from .arguments import add_data_arguments, add_model_arguments, add_training_arguments
 from .errors import UserError
 from .loop import Task, Trainer, save_final
-from .models import load_pretrained
+from .models import add_size_arguments, load_pretrained
 from .reporting import write_model_card
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def add_finetune_arguments(parser: argparse.ArgumentParser, *, max_length: int):
+def finetune_parser(description: str, *, max_length: int, batch_size: int, epochs: int) -> argparse.ArgumentParser:
+    """The arguments every fine-tuning script takes: data, model, size, training (the defaults of Hugging Face's
+    no_trainer examples) and fine-tuning; the script adds its task's own group."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_arguments(parser)
+    add_model_arguments(parser)
+    add_size_arguments(parser)
+    add_training_arguments(parser, learning_rate=2e-4, batch_size=batch_size, epochs=epochs)
     group = parser.add_argument_group("fine-tuning")
     group.add_argument(
         "--max_length", "--max_seq_length", dest="max_length", type=int, default=max_length,
@@ -37,6 +45,7 @@ def add_finetune_arguments(parser: argparse.ArgumentParser, *, max_length: int):
         "--ignore_mismatched_sizes", action="store_true",
         help="Start from a checkpoint whose task head has another number of labels (that head is re-initialised).",
     )
+    return parser
 
 
 def load_model(auto_class, args, tokenizer, **config_values) -> nn.Module:
