@@ -8,6 +8,7 @@ complete. Old checkpoints are removed only after a new one is in place.
 import errno
 import hashlib
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -18,6 +19,17 @@ from accelerate import Accelerator
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
 PREFIX = "step_"
+
+
+class _TiedWeightsWarning(logging.Filter):
+    """Drops accelerate's warning that it left the tied decoder weight out of the checkpoint: loading the state
+    ties it to the word embeddings again (resume is tested to be exact), so the warning would only alarm users."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+
+logging.getLogger("accelerate.utils.other").addFilter(_TiedWeightsWarning())
 
 
 class CheckpointError(RuntimeError):
