@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q
 
-# DEMO=smoke (1-2 minutes) or DEMO=long (a longer, better run); the default takes about 25 minutes on 2 CPU cores.
+# DEMO=smoke (1-2 minutes) or DEMO=long (a longer, better run); the default took 16 minutes on 2 CPU cores (at most 25).
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) scripts/demo.py $(if $(DEMO),--mode $(DEMO)) $(DEMO_ARGS)
 

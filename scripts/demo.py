@@ -1,6 +1,6 @@
-"""The whole sinebert path on real public data, in about 25 minutes on a 2-core CPU (`make demo`).
+"""The whole sinebert path on real public data, in at most 25 minutes on a 2-core CPU (16 measured) (`make demo`).
 
-    python scripts/demo.py            # default: about 25 minutes on 2 CPU cores, outputs in runs/demo
+    python scripts/demo.py            # default: 16 minutes on 2 CPU cores, outputs in runs/demo
     python scripts/demo.py --smoke    # a tiny version in 1-2 minutes (runs/demo-smoke); also DEMO=smoke make demo
     python scripts/demo.py --long     # a longer, better run (runs/demo-long); also DEMO=long make demo
 

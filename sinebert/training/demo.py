@@ -73,7 +73,7 @@ PLANS = {
         classification_epochs=1, ner_epochs=2, finetune_learning_rate=5e-4, seq_length=64, eval_blocks=16,
         eval_every=8, checkpoint_every=8,
     ),
-    # Sized for 25 minutes on 2 CPU cores: 10 minutes of pretraining (whatever the machine's speed), 1 epoch of
+    # At most 25 minutes on 2 CPU cores (16 measured): 10 minutes of pretraining (whatever the machine's speed), 1 epoch of
     # classification and 6 of NER per fine-tuning run.
     "default": Plan(
         mode="default", limits=DataLimits(), vocab_size=8192, model=SMALL,
