@@ -73,8 +73,8 @@ PLANS = {
         classification_epochs=1, ner_epochs=2, finetune_learning_rate=5e-4, seq_length=64, eval_blocks=16,
         eval_every=8, checkpoint_every=8,
     ),
-    # At most 25 minutes on 2 CPU cores (16 measured): 10 minutes of pretraining (whatever the machine's speed), 1 epoch of
-    # classification and 6 of NER per fine-tuning run.
+    # At most 25 minutes on 2 CPU cores (16 measured): 10 minutes of pretraining (whatever the machine's speed),
+    # 1 epoch of classification and 6 of NER per fine-tuning run.
     "default": Plan(
         mode="default", limits=DataLimits(), vocab_size=8192, model=SMALL,
         pretrain_budget={"max_train_minutes": 10}, pretrain_batch=8, pretrain_learning_rate=1e-3, in_domain_repeats=4,
