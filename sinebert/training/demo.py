@@ -80,7 +80,7 @@ PLANS = {
         pretrain_budget={"max_train_minutes": 10}, pretrain_batch=8, pretrain_learning_rate=1e-3, in_domain_repeats=4,
         classification_epochs=1, ner_epochs=6,
     ),
-    # About 90 minutes on 2 CPU cores: an hour of pretraining, more fine-tuning epochs.
+    # An hour of pretraining and more fine-tuning epochs (not yet timed end to end).
     "long": Plan(
         mode="long", limits=DataLimits(), vocab_size=8192, model=SMALL,
         pretrain_budget={"max_train_minutes": 60}, pretrain_batch=8, pretrain_learning_rate=1e-3, in_domain_repeats=4,
