@@ -27,6 +27,7 @@ from sinebert.training.mlm import (
     StreamingBlocks,
     evaluate_mlm,
     masked_token_count,
+    mixed_lengths,
     original_ids,
     pack_dataset,
 )
@@ -42,6 +43,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_training_arguments(parser, learning_rate=5e-4, batch_size=32, epochs=1)
     group = parser.add_argument_group("masked language modelling")
     group.add_argument("--max_seq_length", type=int, default=128, help="Tokens per packed block.")
+    group.add_argument(
+        "--short_seq_length", type=int,
+        help="Mix sequence lengths: on a share --short_seq_probability of the steps, cut the --max_seq_length blocks "
+             "into blocks of this many tokens (same tokens per step), as BERT pretrained mostly at 128 tokens and "
+             "sometimes at 512. Validation uses --max_seq_length.",
+    )
+    group.add_argument("--short_seq_probability", type=float, default=0.9,
+                       help="With --short_seq_length: the share of steps that use the short blocks.")
     group.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens to mask.")
     group.add_argument("--text_column_name", help="Column of csv/json data holding the text (default: 'text').")
     group.add_argument("--streaming", action="store_true", help="Stream data larger than memory.")
@@ -95,6 +104,7 @@ def main(argv=None):
     args = parse_args(argv)
     accelerator = setup_accelerator(args)
     tokenizer = load_tokenizer(args)
+    reshape = mixed_lengths(args, tokenizer.pad_token_id)
     model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
     train_blocks, validation_blocks = load_blocks(args, accelerator, tokenizer)
 
@@ -113,6 +123,7 @@ def main(argv=None):
         main_metric="eval_loss",
         plot_metrics=("eval_accuracy",),
         trace=original_ids,
+        reshape=reshape,
     )
     trainer = Trainer(args, accelerator, model, train_dataloader, task, streaming=args.streaming, evaluate_first=True)
     results = trainer.fit()

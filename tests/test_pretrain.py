@@ -184,3 +184,54 @@ def test_attention_layout_flags_and_the_kernels_are_reported(corpus, tokenizer_d
     assert kernels == ["full_attention via sdpa", "sliding_attention(window=4, global=[0]) via local_blocked"]
     config = json.loads((out / "config.json").read_text())
     assert config["sliding_window"] == 4 and config["global_attention_positions"] == [0]
+
+
+def test_cut_blocks_keeps_every_token_mask_and_label():
+    from sinebert.training.mlm import cut_blocks
+
+    ids = torch.arange(1, 13).reshape(2, 6)
+    mask = torch.tensor([[1] * 6, [1, 1, 0, 0, 0, 0]])
+    labels = torch.where((ids % 3 == 0) & (mask == 1), ids, -100)
+    cut = cut_blocks({"input_ids": ids * mask, "attention_mask": mask, "labels": labels}, 4, pad_token_id=0)
+    # Row 0 -> [1..4], [5, 6, pad, pad]; row 1 -> [7, 8, pad, pad]; its all-padding second piece is dropped.
+    assert cut["input_ids"].tolist() == [[1, 2, 3, 4], [5, 6, 0, 0], [7, 8, 0, 0]]
+    assert cut["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]
+    assert cut["labels"].tolist() == [[-100, -100, 3, -100], [-100, 6, -100, -100], [-100, -100, -100, -100]]
+
+
+def test_mixed_lengths_pick_short_steps_by_seed_and_step_only():
+    from sinebert.training.mlm import MixedLengths
+
+    mix = MixedLengths(16, probability=0.9, seed=3, pad_token_id=0)
+    picks = [mix.is_short(step) for step in range(2000)]
+    assert picks == [MixedLengths(16, 0.9, 3, 0).is_short(step) for step in range(2000)]  # what a resumed run sees
+    assert 0.87 < sum(picks) / len(picks) < 0.93
+    assert not any(MixedLengths(16, 0.0, 3, 0).is_short(s) for s in range(100))
+    assert all(MixedLengths(16, 1.0, 3, 0).is_short(s) for s in range(100))
+
+
+def test_mixed_lengths_train_on_short_and_long_blocks(corpus, tokenizer_dir, tmp_path, monkeypatch, capsys):
+    from sinebert import SineBertForMaskedLM
+    from sinebert.training.mlm import MixedLengths
+
+    seen, forward = [], SineBertForMaskedLM.forward
+
+    def recording(self, input_ids=None, **kwargs):
+        if self.training:
+            seen.append(input_ids.shape[1])
+        return forward(self, input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(SineBertForMaskedLM, "forward", recording)
+    pretrain, steps = load_script("pretrain"), 12
+    base = [*data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 4, "--max_train_steps", steps,
+            "--max_eval_samples", 8, "--seed", 5]
+    pretrain.main([str(a) for a in [*base, "--short_seq_length", 16, "--short_seq_probability", 0.5,
+                                    "--output_dir", tmp_path / "mixed"]])
+    mix = MixedLengths(16, 0.5, seed=5, pad_token_id=0)
+    assert seen == [16 if mix.is_short(step) else 64 for step in range(steps)] and len(set(seen)) == 2
+    pretrain.main([str(a) for a in [*base, "--output_dir", tmp_path / "plain"]])
+    results = [json.loads((tmp_path / run / "all_results.json").read_text()) for run in ("mixed", "plain")]
+    assert results[0]["train_tokens"] == results[1]["train_tokens"]  # the same text each step, in shorter pieces
+    bad = [*base, "--short_seq_length", 64, "--output_dir", tmp_path / "bad"]
+    expected = "--short_seq_length must be between 1 and --max_seq_length - 1 (63), got 64"
+    assert expected in user_error(capsys, pretrain, bad)

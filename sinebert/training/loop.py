@@ -39,6 +39,7 @@ class Task:
         parallelism give the same update as one large batch.
     evaluate: runs on every process with the prepared model and returns metrics named `eval_*`.
     trace: what `--trace_data` records of a batch (default: the unpadded input ids).
+    reshape: given a micro-batch and the optimizer step, the batch the model sees (pretraining's mixed lengths).
     """
 
     count: Callable[[dict], int]
@@ -48,6 +49,7 @@ class Task:
     early_stopping_patience: int | None = None
     plot_metrics: tuple[str, ...] = ()
     trace: Callable[[dict], list[list[int]]] | None = None
+    reshape: Callable[[dict, int], dict] | None = None
 
 
 @dataclass
@@ -286,6 +288,8 @@ class Trainer:
         for micro, (batch, count) in enumerate(zip(micro_batches, counts)):
             torch.manual_seed(_step_seed(self.args.seed, self.state.step, micro, accelerator.process_index))
             last = micro == len(micro_batches) - 1
+            if self.task.reshape:
+                batch = self.task.reshape(batch, self.state.step)
             with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast():
                 outputs = model(**batch)
                 if count:

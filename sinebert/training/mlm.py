@@ -106,6 +106,47 @@ class MaskingCollator:
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
+def cut_blocks(batch: dict, length: int, pad_token_id: int) -> dict:
+    """Cut each row of a collated MLM batch into rows of `length` tokens: the same tokens, masks and labels, in more
+    and shorter rows. (B, L) -> (B * ceil(L / length), length); the last piece of a row is padded, and rows left
+    with no real token are dropped. Each piece gets positions 0..length-1 of its own."""
+    rows, total = batch["input_ids"].shape
+    pad = -total % length
+    fill = {"input_ids": pad_token_id, "attention_mask": 0, "labels": -100}
+    cut = {key: F.pad(batch[key], (0, pad), value=value).reshape(-1, length) for key, value in fill.items()}
+    real = cut["attention_mask"].any(dim=1)
+    return {key: value[real] for key, value in cut.items()}
+
+
+class MixedLengths:
+    """Pretraining on mixed sequence lengths: on a share `probability` of the optimizer steps, the blocks of
+    --max_seq_length tokens are cut into blocks of `short_length` (same tokens per step). Short steps are cheaper
+    (attention is quadratic in length); the long ones teach the model positions that short blocks never show.
+    Which steps are short depends only on the seed and the step, so resuming sees the same mix."""
+
+    def __init__(self, short_length: int, probability: float, seed: int, pad_token_id: int):
+        self.short_length, self.probability, self.seed, self.pad_token_id = short_length, probability, seed, pad_token_id
+
+    def is_short(self, step: int) -> bool:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        return torch.rand((), generator=generator).item() < self.probability
+
+    def __call__(self, batch: dict, step: int) -> dict:
+        return cut_blocks(batch, self.short_length, self.pad_token_id) if self.is_short(step) else batch
+
+
+def mixed_lengths(args, pad_token_id: int) -> MixedLengths | None:
+    """The --short_seq_length / --short_seq_probability mix, checked; None without --short_seq_length."""
+    if args.short_seq_length is None:
+        return None
+    if not 0 < args.short_seq_length < args.max_seq_length:
+        raise UserError(f"--short_seq_length must be between 1 and --max_seq_length - 1 "
+                        f"({args.max_seq_length - 1}), got {args.short_seq_length}.")
+    if not 0 <= args.short_seq_probability <= 1:
+        raise UserError(f"--short_seq_probability must be between 0 and 1, got {args.short_seq_probability}.")
+    return MixedLengths(args.short_seq_length, args.short_seq_probability, args.seed, pad_token_id)
+
+
 def original_ids(batch: dict) -> list[list[int]]:
     """The unmasked, unpadded blocks of a collated batch (what `--trace_data` records)."""
     labels = batch["labels"]
