@@ -215,8 +215,8 @@ class Trainer:
         if args.with_tracking:
             accelerator.init_trackers(self.output_dir.name, {k: v for k, v in vars(args).items() if _scalar(v)})
         progress = tqdm(
-            total=None if self.time_budget else self.total_steps, initial=self.state.step, disable=not accelerator.is_local_main_process,
-            desc="training", dynamic_ncols=True,
+            total=None if self.time_budget else self.total_steps, initial=self.state.step, desc="training",
+            disable=not accelerator.is_local_main_process, dynamic_ncols=True,
         )
         if self.evaluate_first and self.state.step == 0:
             self._evaluate(log)  # the starting point of the validation curve
@@ -241,7 +241,7 @@ class Trainer:
                 log.write(**row)
                 if args.with_tracking:
                     accelerator.log(row, step=self.state.step)
-                progress.set_postfix(loss=f"{row['loss']:.4f}")
+                progress.set_postfix(loss=f"{row['loss']:.4f}", **self._time_left())
                 window_loss, window_steps, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
             if stop:
                 stop_reason = "time budget"
@@ -273,6 +273,13 @@ class Trainer:
             "stopped_early": stop_reason,
             "attention_kernels": self.attention_kernels,
         }
+
+    def _time_left(self) -> dict:
+        """For the progress bar of a time-budgeted run (which has no step total): the training minutes left."""
+        if not self.time_budget:
+            return {}
+        left = (self.time_budget - self.state.training_seconds) / 60
+        return {"minutes_left": f"{max(left, 0.0):.1f}"}
 
     # ----- one optimizer step -----
 
