@@ -269,7 +269,7 @@ class Runner:
                 stage.command = stage.build()
                 stage.signature = _signature(stage.command)
             elapsed = _duration(time.perf_counter() - self.started)
-            print(f"\n{'=' * 100}\n[{index}/{len(stages)}] {stage.title}   (demo time so far {elapsed})\n{'=' * 100}",
+            print(f"\n{'=' * 100}\n[{index}/{len(stages)}] {stage.title}   (time so far {elapsed})\n{'=' * 100}",
                   flush=True)
             if not forced and not stage.always and self.ledger.is_done(stage):
                 print(f"Reusing the finished stage (outputs in {_short(stage.outputs[0])}).", flush=True)
