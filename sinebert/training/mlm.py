@@ -1,5 +1,7 @@
 """Masked-language-model data: packing text into blocks, masking (80/10/10), and evaluation."""
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from datasets import Dataset, IterableDataset
@@ -110,22 +112,24 @@ def cut_blocks(batch: dict, length: int, pad_token_id: int) -> dict:
     """Cut each row of a collated MLM batch into rows of `length` tokens: the same tokens, masks and labels, in more
     and shorter rows. (B, L) -> (B * ceil(L / length), length); the last piece of a row is padded, and rows left
     with no real token are dropped. Each piece gets positions 0..length-1 of its own."""
-    rows, total = batch["input_ids"].shape
-    pad = -total % length
+    pad = -batch["input_ids"].shape[1] % length
     fill = {"input_ids": pad_token_id, "attention_mask": 0, "labels": -100}
     cut = {key: F.pad(batch[key], (0, pad), value=value).reshape(-1, length) for key, value in fill.items()}
     real = cut["attention_mask"].any(dim=1)
     return {key: value[real] for key, value in cut.items()}
 
 
+@dataclass(frozen=True)
 class MixedLengths:
     """Pretraining on mixed sequence lengths: on a share `probability` of the optimizer steps, the blocks of
     --max_seq_length tokens are cut into blocks of `short_length` (same tokens per step). Short steps are cheaper
     (attention is quadratic in length); the long ones teach the model positions that short blocks never show.
     Which steps are short depends only on the seed and the step, so resuming sees the same mix."""
 
-    def __init__(self, short_length: int, probability: float, seed: int, pad_token_id: int):
-        self.short_length, self.probability, self.seed, self.pad_token_id = short_length, probability, seed, pad_token_id
+    short_length: int
+    probability: float
+    seed: int
+    pad_token_id: int
 
     def is_short(self, step: int) -> bool:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
