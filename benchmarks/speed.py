@@ -300,18 +300,23 @@ def main():
     # inference pass.
     native = DEVICE.type == "cuda" or cpu_has_native_bf16()
     cells = [(size, p) for size in SIZES for p in ("fp32", "bf16") if native or p == "fp32" or size == "small"]
-    report = {
-        "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-        "peak_gflops": {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)},
-        "native_bf16": native,
-        "training": [train_throughput(size, p, steps, 2) if p == "fp32" or native else train_throughput(size, p, 1, 1)
-                     for size, p in cells],
-        "inference": [inference_throughput(p, 1 if args.quick or (p == "bf16" and not native) else 3)
-                      for p in ("fp32", "bf16")],
-    }
+    report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "native_bf16": native}
+    print(f"{report['machine']}; matmul peak ...", flush=True)
+    report["peak_gflops"] = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    report["training"] = []
+    for size, p in cells:
+        print(f"training steps: {size} {p} ...", flush=True)
+        report["training"].append(train_throughput(size, p, steps, 2) if p == "fp32" or native
+                                  else train_throughput(size, p, 1, 1))
+    report["inference"] = []
+    for p in ("fp32", "bf16"):
+        print(f"SST-2 dev inference: {p} ...", flush=True)
+        report["inference"].append(inference_throughput(p, 1 if args.quick or (p == "bf16" and not native) else 3))
     if not args.quick:
+        print("peak memory (a fresh process per cell) ...", flush=True)
         report["memory"] = {f"{size} {p}": {m: peak_memory(m, size, p, 3 if p == "fp32" or native else 1)
                                             for m in ("bert", "sinebert")} for size, p in cells}
+        print(f"masked-token accuracy curves ({args.curve_steps} steps) ...", flush=True)
         report["curves"] = accuracy_curves(args.curve_steps)
     text = markdown(report)
     print(text)
