@@ -142,9 +142,8 @@ def inference_batches(sentences: list[str]):
             for i in range(0, len(sentences), 32)]
 
 
-def inference_throughput(precision: str, repeats: int) -> dict:
+def inference_throughput(precision: str, batches: list, repeats: int) -> dict:
     ours, theirs = (m.eval() for m in models("small", task="classification"))
-    batches = inference_batches(sst2_dev())
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
     times = {"sinebert": [], "bert": []}
@@ -180,6 +179,11 @@ def training_peak(model_name: str, size: str, precision: str, steps: int) -> flo
         optimizer.zero_grad(set_to_none=True)
     if DEVICE.type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent through fork and exec, so every cell
+    # reported the benchmark process's own peak.
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # KiB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -308,10 +312,11 @@ def main():
         print(f"training steps: {size} {p} ...", flush=True)
         report["training"].append(train_throughput(size, p, steps, 2) if p == "fp32" or native
                                   else train_throughput(size, p, 1, 1))
-    report["inference"] = []
+    report["inference"], batches = [], inference_batches(sst2_dev())
     for p in ("fp32", "bf16"):
         print(f"SST-2 dev inference: {p} ...", flush=True)
-        report["inference"].append(inference_throughput(p, 1 if args.quick or (p == "bf16" and not native) else 3))
+        repeats = 1 if args.quick or (p == "bf16" and not native) else 3
+        report["inference"].append(inference_throughput(p, batches, repeats))
     if not args.quick:
         print("peak memory (a fresh process per cell) ...", flush=True)
         report["memory"] = {f"{size} {p}": {m: peak_memory(m, size, p, 3 if p == "fp32" or native else 1)
