@@ -1,7 +1,7 @@
 """Resumable checkpoints that a killed process or a full disk cannot corrupt.
 
 A checkpoint is written into a hidden temporary folder, given a manifest (size and SHA-256 of every file), and
-only then renamed to `checkpoints/step_XXXXXXXX`; the rename is atomic, so a folder with that name is always
+only then renamed to `checkpoints/step_<8-digit step>`; the rename is atomic, so a folder with that name is always
 complete. Old checkpoints are removed only after a new one is in place.
 """
 
