@@ -218,6 +218,24 @@ class Trainer:
             total=None if self.time_budget else self.total_steps, initial=self.state.step, desc="training",
             disable=not accelerator.is_local_main_process, dynamic_ncols=True,
         )
+        try:  # closing the bar ends its line, so an error sentence starts a line of its own
+            stop_reason = self._train(log, progress)
+        finally:
+            progress.close()
+        if stop_reason:
+            planned = "" if self.time_budget else f" of {self.total_steps}"
+            accelerator.print(f"Stopped after step {self.state.step}{planned}: {stop_reason}.")
+        if not self.state.history or self.state.history[-1]["step"] != self.state.step:
+            self._evaluate(log)
+        if args.checkpointing_steps and self.checkpoints.path_for(self.state.step) not in self.checkpoints.complete():
+            self.save_checkpoint()
+        if args.with_tracking:
+            accelerator.end_training()
+        return self.summary(stop_reason)
+
+    def _train(self, log: MetricsLog, progress: tqdm) -> str | None:
+        """The optimizer steps, with logging, evaluation and checkpoints; returns why it stopped early, if it did."""
+        args, accelerator = self.args, self.accelerator
         if self.evaluate_first and self.state.step == 0:
             self._evaluate(log)  # the starting point of the validation curve
         batches = self._micro_batches()
@@ -250,17 +268,7 @@ class Trainer:
                     stop_reason = "early stopping"
             if self._checkpoint_due():
                 self.save_checkpoint()
-        progress.close()
-        if stop_reason:
-            planned = "" if self.time_budget else f" of {self.total_steps}"
-            accelerator.print(f"Stopped after step {self.state.step}{planned}: {stop_reason}.")
-        if not self.state.history or self.state.history[-1]["step"] != self.state.step:
-            self._evaluate(log)
-        if args.checkpointing_steps and self.checkpoints.path_for(self.state.step) not in self.checkpoints.complete():
-            self.save_checkpoint()
-        if args.with_tracking:
-            accelerator.end_training()
-        return self.summary(stop_reason)
+        return stop_reason
 
     def summary(self, stop_reason: str | None) -> dict:
         final = self.state.history[-1] if self.state.history else {}
