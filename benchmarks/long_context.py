@@ -11,7 +11,6 @@ machine is also running; each JSON records the load average before and after.
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from sinebert.training.reporting import peak_rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -55,17 +56,13 @@ SPEED_SETUPS = {
 EXTRAPOLATION_SETUPS = {
     "full": Setup("full attention (as pretrained)", "sdpa"),
     "local_global": Setup(
-        "local w=64 in layer 1, full attention in layer 0, [CLS] global", "sdpa",
+        "local w=64, full attention in every other layer (from layer 0), [CLS] global", "sdpa",
         dict(sliding_window=64, global_attn_every_n_layers=2, global_attention_positions=[0]),
     ),
     "local": Setup(
         "local w=64 in every layer, [CLS] global", "sdpa", dict(sliding_window=64, global_attention_positions=[0])
     ),
 }
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def load_average() -> float:

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassificat
 
 from sinebert import SineBertConfig, SineBertForMaskedLM, SineBertForSequenceClassification
 from sinebert.training.loop import cpu_has_native_bf16
+from sinebert.training.reporting import peak_rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,12 +179,7 @@ def training_peak(model_name: str, size: str, precision: str, steps: int) -> flo
         optimizer.zero_grad(set_to_none=True)
     if DEVICE.type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent through fork and exec, so every cell
-    # reported the benchmark process's own peak.
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024  # KiB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_mib()
 
 
 def peak_memory(model_name: str, size: str, precision: str, steps: int = 3) -> float:

@@ -1,6 +1,8 @@
 """What a run leaves behind besides weights: a JSONL metrics log, loss curves, results JSON and a model card."""
 
 import json
+import resource
+import sys
 import time
 from pathlib import Path
 
@@ -8,6 +10,19 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on training machines
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB. On Linux from /proc/self/status's VmHWM, not ru_maxrss: Linux
+    carries ru_maxrss over from the parent through fork and exec, so a fresh measuring process would report its
+    launcher's peak whenever that was larger."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # KiB
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB elsewhere
 
 
 class MetricsLog:
