@@ -39,6 +39,9 @@ ABLATIONS = {
     "dropout0.1": {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1},
     "post-ln": {"norm_placement": "post", "learning_rate": 5e-4},
     "unscaled-embeddings": {"scale_embeddings": False},
+    # A narrow window in every layer makes the neighbours easy to find (see benchmarks/plateau.py).
+    "local8": {"sliding_window": 8},
+    "local8-batch4": {"sliding_window": 8, "per_device_train_batch_size": 4},
 }
 PROBE_STEPS, PROBE_TRAIN_ROWS, PROBE_VALIDATION_ROWS = 400, 20000, 2000
 
