@@ -143,8 +143,10 @@ def assert_token_pipeline_agrees(out, rows):
 def test_ner_on_two_processes_gathers_every_sentence_once_in_order(conll, tmp_path):
     out = tmp_path / "ner2"
     launch("finetune_ner", *ner_arguments(conll, out), "--per_device_train_batch_size", 8, "--max_train_steps", 20,
-           "--max_eval_samples", 45, "--per_device_eval_batch_size", 4, "--label_all_tokens", processes=2)
+           "--max_eval_samples", 45, "--per_device_eval_batch_size", 4, "--label_all_tokens",
+           "--eval_steps", 5, "--load_best_model_at_end", processes=2)
     results = check_saved_run(out, "eval_predictions.jsonl")
+    assert results["best_step"] in (5, 10, 15, 20)
     rows = read_jsonl(out / "eval_predictions.jsonl")
     # 45 sentences in batches of 4 over 2 processes: accelerate pads the last round with repeated sentences, which
     # must be dropped, and rows of different lengths from the two processes must come back whole and in order.
@@ -154,7 +156,8 @@ def test_ner_on_two_processes_gathers_every_sentence_once_in_order(conll, tmp_pa
     rescored = compute_entities([row["predictions"] for row in rows], [row["labels"] for row in rows])
     assert rescored["overall_f1"] == pytest.approx(results["eval_f1"])
     assert rescored["overall_accuracy"] == pytest.approx(results["eval_accuracy"])
-    assert_token_pipeline_agrees(out, rows[:5])
+    # Rows 0-3 were predicted by process 0, rows 4-7 by process 1: both must have ended with the kept best weights.
+    assert_token_pipeline_agrees(out, rows[:8])
 
 
 # ----- extractive QA on SQuAD -----
@@ -310,3 +313,31 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(tmp_path, capsys, tokeni
     assert "(2 labels); pass --ignore_mismatched_sizes" in line
     script.main(argv(two, tmp_path / "cls3", tmp_path / "cls2b", "--ignore_mismatched_sizes"))
     assert json.loads((tmp_path / "cls2b" / "config.json").read_text())["id2label"] == {"0": "a", "1": "b"}
+
+
+@pytest.mark.slow
+def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics(conll, tmp_path, one_thread):
+    """With a constant learning rate the weights after step k do not depend on the planned steps, so the kept weights
+    must equal those of a run that stopped at the best step."""
+    small = tmp_path / "small.txt"
+    small.write_text(conll_slice(conll / "train.txt", 60), encoding="utf-8")
+    script = load_script("finetune_ner")
+    common = ["--train_file", small, "--validation_file", small, "--max_eval_samples", 32, "--tokenizer_name",
+              conll / "tokenizer", "--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 2,
+              "--intermediate_size", 64, "--per_device_train_batch_size", 8, "--learning_rate", 0.05,
+              "--lr_scheduler_type", "constant", "--eval_steps", 2]
+    script.main([str(a) for a in [*common, "--max_train_steps", 10, "--load_best_model_at_end",
+                                  "--output_dir", tmp_path / "best"]])
+    results = json.loads((tmp_path / "best" / "all_results.json").read_text())
+    evaluations = [row for row in read_jsonl(tmp_path / "best" / "metrics.jsonl") if "eval_f1" in row]
+    best = max(evaluations, key=lambda row: row["eval_f1"])  # the first of equals, as the trainer keeps it
+    assert results["best_step"] == best["step"] < evaluations[-1]["step"]
+    assert results["eval_f1"] == best["eval_f1"] and results["train_steps"] == 10
+    assert not (tmp_path / "best" / "best_model.safetensors").exists()
+
+    script.main([str(a) for a in [*common, "--max_train_steps", best["step"], "--output_dir", tmp_path / "short"]])
+    kept = load_file(tmp_path / "best" / "model.safetensors")
+    short = load_file(tmp_path / "short" / "model.safetensors")
+    assert all(torch.equal(kept[name], short[name]) for name in short)
+    assert (tmp_path / "best" / "eval_predictions.jsonl").read_text() == \
+        (tmp_path / "short" / "eval_predictions.jsonl").read_text()

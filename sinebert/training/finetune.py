@@ -42,6 +42,10 @@ def finetune_parser(description: str, *, max_length: int, batch_size: int, epoch
         help="End training after this many evaluations in a row without improvement of the main metric.",
     )
     group.add_argument(
+        "--load_best_model_at_end", action="store_true",
+        help="End with the weights of the evaluation with the best main metric (and report its metrics).",
+    )
+    group.add_argument(
         "--ignore_mismatched_sizes", action="store_true",
         help="Start from a checkpoint whose task head has another number of labels (that head is re-initialised).",
     )
@@ -156,6 +160,7 @@ class Evaluation(ABC):
         return Task(
             count=count, evaluate=self, main_metric=self.main_metric, greater_is_better=self.greater_is_better,
             early_stopping_patience=args.early_stopping_patience, plot_metrics=self.plot_metrics,
+            load_best_model_at_end=args.load_best_model_at_end,
         )
 
     @abstractmethod
@@ -184,6 +189,7 @@ def finish(args, accelerator: Accelerator, trainer: Trainer, tokenizer, evaluati
     model = trainer.unwrapped_model()
     save_final(accelerator, model, tokenizer, args.output_dir, results)
     if accelerator.is_main_process:
+        trainer.best_weights.unlink(missing_ok=True)  # kept until now so that a resumed run could restore them
         evaluation.write(Path(args.output_dir))
         details = {**training_details(args, accelerator, model, results), **card.get("details", {})}
         write_model_card(Path(args.output_dir) / "README.md", **{**card, "details": details}, results=results)

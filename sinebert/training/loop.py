@@ -18,6 +18,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import safetensors.torch
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, set_seed
@@ -40,6 +41,7 @@ class Task:
     evaluate: runs on every process with the prepared model and returns metrics named `eval_*`.
     trace: what `--trace_data` records of a batch (default: the unpadded input ids).
     reshape: given a micro-batch and the optimizer step, the batch the model sees (pretraining's mixed lengths).
+    load_best_model_at_end: keep the weights of the best evaluation and end the run with them (and their metrics).
     """
 
     count: Callable[[dict], int]
@@ -50,6 +52,7 @@ class Task:
     plot_metrics: tuple[str, ...] = ()
     trace: Callable[[dict], list[list[int]]] | None = None
     reshape: Callable[[dict, int], dict] | None = None
+    load_best_model_at_end: bool = False
 
 
 @dataclass
@@ -60,6 +63,7 @@ class TrainerState:
     tokens: int = 0
     training_seconds: float = 0.0
     best_metric: float | None = None
+    best_step: int | None = None
     evaluations_without_improvement: int = 0
     history: list[dict] = field(default_factory=list)
 
@@ -229,6 +233,8 @@ class Trainer:
             self._evaluate(log)
         if args.checkpointing_steps and self.checkpoints.path_for(self.state.step) not in self.checkpoints.complete():
             self.save_checkpoint()
+        if self.task.load_best_model_at_end:
+            self._restore_best()
         if args.with_tracking:
             accelerator.end_training()
         return self.summary(stop_reason)
@@ -272,8 +278,11 @@ class Trainer:
 
     def summary(self, stop_reason: str | None) -> dict:
         final = self.state.history[-1] if self.state.history else {}
+        if self.task.load_best_model_at_end and self.state.best_step is not None:
+            final = next(row for row in self.state.history if row["step"] == self.state.best_step)
         return {
             **{k: v for k, v in final.items() if k != "step"},
+            **({"best_step": self.state.best_step} if self.task.load_best_model_at_end else {}),
             "train_steps": self.state.step,
             "train_tokens": self.state.tokens,
             "train_seconds": round(self.state.training_seconds, 2),
@@ -451,10 +460,42 @@ class Trainer:
         better = best is None or (value > best if self.task.greater_is_better else value < best)
         if better:
             self.state.best_metric, self.state.evaluations_without_improvement = value, 0
+            self.state.best_step = self.state.step
+            if self.task.load_best_model_at_end:
+                self._save_best()
             return False
         self.state.evaluations_without_improvement += 1
         patience = self.task.early_stopping_patience
         return patience is not None and self.state.evaluations_without_improvement >= patience
+
+    @property
+    def best_weights(self) -> Path:
+        return self.output_dir / "best_model.safetensors"
+
+    def _save_best(self):
+        """The weights of the best evaluation so far, replaced atomically (a crash leaves the previous best)."""
+        if self.accelerator.is_main_process:
+            partial = self.best_weights.with_suffix(".partial")
+            safetensors.torch.save_model(self.unwrapped_model(), str(partial))
+            os.replace(partial, self.best_weights)
+
+    def _restore_best(self):
+        """Give every process the best evaluation's weights (read by the main process, which wrote them) and
+        evaluate once more, so that the predictions the script writes are the best model's."""
+        self.accelerator.wait_for_everyone()
+        if self.state.best_step is None:
+            return
+        model = self.unwrapped_model()
+        if self.accelerator.is_main_process:
+            safetensors.torch.load_model(model, str(self.best_weights))
+        if self.accelerator.num_processes > 1:
+            for tensor in model.state_dict().values():
+                torch.distributed.broadcast(tensor, src=0)
+        self.model.eval()
+        with torch.no_grad():
+            self.task.evaluate(self.model)
+        self.model.train()
+        self.accelerator.print(f"Kept the weights of step {self.state.best_step}, the best {self.task.main_metric}.")
 
     def save_checkpoint(self):
         self.checkpoints.save(self.state.step, vars(self.state))
