@@ -2,6 +2,7 @@
 
     python benchmarks/speed.py              # everything (about 15 minutes on 2 CPU cores)
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
+    python benchmarks/speed.py --memory_only  # remeasure the peak memory rows of the saved results
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, BERT with
 attn_implementation="sdpa"; steps interleaved, so machine noise hits both alike):
@@ -276,7 +277,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['precision']} | {r['bert_tokens_per_second']:,.0f} | {r['sinebert_tokens_per_second']:,.0f}"
                      f" | {r['speedup']:.2f}x |")
     if report.get("memory"):
-        lines += ["", "| peak RSS of training steps | BERT MiB | sinebert MiB |", "|---|---|---|"]
+        measured = f" (measured {report['memory_date']})" if report.get("memory_date") else ""
+        lines += ["", f"| peak RSS of training steps{measured} | BERT MiB | sinebert MiB |", "|---|---|---|"]
         for key, values in report["memory"].items():
             lines.append(f"| {key} | {values['bert']:,.0f} | {values['sinebert']:,.0f} |")
     return "\n".join(lines) + "\n"
@@ -292,7 +294,11 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--curve_steps", type=int, default=200)
+    parser.add_argument("--memory_only", action="store_true",
+                        help="Remeasure only the peak memory of benchmarks/results/speed.json's cells and rewrite it.")
     args = parser.parse_args()
+    if args.memory_only:
+        return remeasure_memory()
     steps = 2 if args.quick else args.steps
     # bf16 runs in software on CPUs without bf16 instructions (this one has AVX2 only, where a bf16 step takes 30x an
     # fp32 one): there, one timed step after one warm-up, at the small size only, one step for memory and one timed
@@ -313,18 +319,34 @@ def main():
         repeats = 1 if args.quick or (p == "bf16" and not native) else 3
         report["inference"].append(inference_throughput(p, batches, repeats))
     if not args.quick:
-        print("peak memory (a fresh process per cell) ...", flush=True)
-        report["memory"] = {f"{size} {p}": {m: peak_memory(m, size, p, 3 if p == "fp32" or native else 1)
-                                            for m in ("bert", "sinebert")} for size, p in cells}
+        report["memory"] = memory_rows(cells, native)
         print(f"masked-token accuracy curves ({args.curve_steps} steps) ...", flush=True)
         report["curves"] = accuracy_curves(args.curve_steps)
-    text = markdown(report)
-    print(text)
+    print(markdown(report))
     if not args.quick:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "speed.json").write_text(json.dumps(report, indent=2) + "\n")
-        (RESULTS / "speed.md").write_text(text)
-        plot(report)
+        save(report)
+
+
+def memory_rows(cells: list[tuple[str, str]], native: bool) -> dict:
+    print("peak memory (a fresh process per cell) ...", flush=True)
+    return {f"{size} {p}": {m: peak_memory(m, size, p, 3 if p == "fp32" or native else 1) for m in ("bert", "sinebert")}
+            for size, p in cells}
+
+
+def remeasure_memory():
+    report = json.loads((RESULTS / "speed.json").read_text())
+    cells = [tuple(key.split()) for key in report["memory"]]
+    report["memory"] = memory_rows(cells, report["native_bf16"])
+    report["memory_date"] = time.strftime("%Y-%m-%d")
+    print(markdown(report))
+    save(report)
+
+
+def save(report: dict):
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "speed.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / "speed.md").write_text(markdown(report))
+    plot(report)
 
 
 if __name__ == "__main__":
