@@ -30,6 +30,7 @@ def namespace(**values) -> argparse.Namespace:
         label_column_name=None, problem_type=None, label_separator=",", conll_token_column=0, conll_tag_column=-1,
         label_scheme="IOB2", label_all_tokens=False, question_column_name=None, context_column_name=None,
         answer_column_name=None, version_2_with_negative=False, doc_stride=16, early_stopping_patience=None,
+        load_best_model_at_end=False,
     )
     return argparse.Namespace(**{**defaults, **values})
 
@@ -291,10 +292,12 @@ def test_multi_label_and_regression_predictions(tmp_path, tokenizer):
     assert metrics["mse"] == pytest.approx(0.5) and metrics["loss"] == pytest.approx(0.5)
 
 
-def test_evaluations_give_the_loop_their_main_metric_and_patience(tmp_path, tokenizer):
+def test_evaluations_give_the_loop_their_main_metric_patience_and_best_model_choice(tmp_path, tokenizer):
     data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])
-    task = ClassificationEvaluation(None, None, data).task(namespace(early_stopping_patience=2), example_count)
+    args = namespace(early_stopping_patience=2, load_best_model_at_end=True)
+    task = ClassificationEvaluation(None, None, data).task(args, example_count)
     assert (task.main_metric, task.greater_is_better, task.early_stopping_patience) == ("eval_accuracy", True, 2)
+    assert task.load_best_model_at_end
 
 
 def test_class_label_features_of_a_dataset_folder_name_the_labels(tmp_path, tokenizer):
