@@ -1,7 +1,6 @@
 """What a run leaves behind besides weights: a JSONL metrics log, loss curves, results JSON and a model card."""
 
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,8 @@ def peak_rss_mib() -> float:
         for line in status.read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024  # KiB
+    import resource  # Unix only: imported here so that the rest of this module works everywhere
+
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB elsewhere
 
