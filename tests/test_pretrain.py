@@ -185,6 +185,15 @@ def test_attention_layout_flags_and_the_kernels_are_reported(corpus, tokenizer_d
     config = json.loads((out / "config.json").read_text())
     assert config["sliding_window"] == 4 and config["global_attention_positions"] == [0]
 
+    # --sliding_window 0 takes a checkpoint pretrained with a window back to full attention.
+    full = tmp_path / "full"
+    load_script("pretrain").main([str(a) for a in [
+        *data(corpus, tokenizer_dir), "--model_name_or_path", out, "--per_device_train_batch_size", 4,
+        "--max_train_steps", 1, "--max_eval_samples", 8, "--sliding_window", 0, "--output_dir", full]])
+    assert json.loads((full / "all_results.json").read_text())["attention_kernels"] == ["full_attention via sdpa"] * 2
+    config = json.loads((full / "config.json").read_text())
+    assert config["sliding_window"] is None and config["global_attention_positions"] is None
+
 
 def test_cut_blocks_keeps_every_token_mask_and_label():
     from sinebert.training.mlm import cut_blocks

@@ -28,10 +28,19 @@ def add_size_arguments(parser):
     group.add_argument("--hidden_act")
     group.add_argument("--scale_embeddings", action="store_true", default=None)
     group = parser.add_argument_group("attention layout (from scratch or over a checkpoint)")
-    group.add_argument("--sliding_window", type=int, help="Local attention: tokens seen on each side.")
+    group.add_argument("--sliding_window", type=int,
+                       help="Local attention: tokens seen on each side; 0 for full attention in every layer (drops "
+                            "the window and global settings of a checkpoint).")
     group.add_argument("--global_attn_every_n_layers", type=int, help="With --sliding_window: layers 0, n, 2n... full.")
     group.add_argument("--global_attention_positions", type=int, nargs="+",
                        help="With --sliding_window: positions (e.g. 0 for [CLS]) that attend to and from every token.")
+
+
+def attention_layout(args) -> dict:
+    """The config values the layout flags set; `--sliding_window 0` means full attention everywhere."""
+    if getattr(args, "sliding_window", None) == 0:
+        return dict.fromkeys(LAYOUT_FLAGS)
+    return {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k, None) is not None}
 
 
 def load_tokenizer(args):
@@ -61,7 +70,8 @@ def scratch_config(args, tokenizer, **task_values) -> SineBertConfig:
             values = read_config_file(args.config_name)
         for key in ("architectures", "auto_map", "transformers_version", "model_type", "_name_or_path"):
             values.pop(key, None)
-    values.update({k: getattr(args, k) for k in SIZE_FLAGS + LAYOUT_FLAGS if getattr(args, k, None) is not None})
+    values.update({k: getattr(args, k) for k in SIZE_FLAGS if getattr(args, k, None) is not None})
+    values.update(attention_layout(args))
     values.setdefault("vocab_size", len(tokenizer))
     values["pad_token_id"] = tokenizer.pad_token_id
     values.update(task_values)
@@ -93,7 +103,7 @@ def load_pretrained(auto_class, args, tokenizer, **config_values):
                 f"{path} holds only pickle weights (*.bin), and loading a pickle can run arbitrary code; convert "
                 "them to safetensors, or pass --allow_pickle_weights if you trust whoever wrote them."
             )
-    layout = {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k, None) is not None}
+    layout = attention_layout(args)
     try:
         model = auto_class.from_pretrained(
             args.model_name_or_path, trust_remote_code=args.trust_remote_code,
