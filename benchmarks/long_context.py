@@ -184,7 +184,7 @@ def speed_table(report: dict) -> str:
              "fastest of up to 5 passes (as many as fit in 30 s; 1 for the slowest cells); memory = peak RSS of the "
              "whole process (Python, torch, weights and the pass), each cell a "
              f"fresh process. {report['cpu_count']} CPU cores, load average {report['load_average_before']} before and "
-             f"{report['load_average_after']} after (other jobs shared the machine)."]
+             f"{report['load_average_after']} after (above 1, other jobs shared the machine)."]
     for setup, target in report["targets"].items():
         notes.append(
             f"{SPEED_SETUPS[setup].label}: the forward pass's own memory grows "
