@@ -52,6 +52,10 @@ def autocast(precision: str):
     return torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
+def peak_gflops() -> dict:
+    return {p: matmul_peak(p) for p in ("fp32", "bf16")}
+
+
 def matmul_peak(precision: str, n: int = 2048, repeats: int = 10) -> float:
     """Best GFLOP/s of an n x n matrix product on the path training takes: `F.linear` on fp32 tensors, under bf16
     autocast for "bf16". (A plain bf16 matmul is not that path: on a CPU without bf16 instructions it runs ~20x
@@ -315,7 +319,7 @@ def main():
     cells = [(size, p) for size in SIZES for p in ("fp32", "bf16") if native or p == "fp32" or size == "small"]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "native_bf16": native}
     print(f"{report['machine']}; matmul peak ...", flush=True)
-    report["peak_gflops"] = {p: matmul_peak(p) for p in ("fp32", "bf16")}
+    report["peak_gflops"] = peak_gflops()
     report["training"] = []
     for size, p in cells:
         print(f"training steps: {size} {p} ...", flush=True)
@@ -347,7 +351,7 @@ def remeasure(part: str):
         cells = [tuple(key.split()) for key in report["memory"]]
         report["memory"] = memory_rows(cells, report["native_bf16"])
     else:
-        report["peak_gflops"] = {p: matmul_peak(p) for p in ("fp32", "bf16")}
+        report["peak_gflops"] = peak_gflops()
     report[f"{part}_date"] = time.strftime("%Y-%m-%d")
     print(markdown(report))
     save(report)

@@ -258,21 +258,28 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def in_process_ner(conll, tmp_path, *common):
+    """Runs finetune_ner in this process (no launcher), trained and scored on 60 CoNLL-2003 sentences, with a 1-layer
+    model and `common` arguments; call the result with each run's own arguments."""
+    small = tmp_path / "small.txt"
+    small.write_text(conll_slice(conll / "train.txt", 60), encoding="utf-8")
+    script = load_script("finetune_ner")
+    tiny = ["--train_file", small, "--validation_file", small, "--tokenizer_name", conll / "tokenizer",
+            "--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 2, "--intermediate_size", 64,
+            "--per_device_train_batch_size", 8]
+    return lambda *more: script.main([str(a) for a in [*tiny, *common, *more]])
+
+
 @pytest.mark.slow
 def test_a_resumed_fine_tuning_run_ends_with_the_weights_of_an_uninterrupted_one(conll, tmp_path, one_thread):
     """In-process runs (no launcher): six steps straight, against one step, a checkpoint, then a resumed five; with
     dropout on, so the per-step seeds and the data order must both be restored."""
-    small = tmp_path / "small.txt"
-    small.write_text(conll_slice(conll / "train.txt", 60), encoding="utf-8")
-    script = load_script("finetune_ner")
-    common = ["--train_file", small, "--validation_file", small, "--max_eval_samples", 16, "--tokenizer_name",
-              conll / "tokenizer", "--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 2,
-              "--intermediate_size", 64, "--hidden_dropout_prob", 0.1, "--per_device_train_batch_size", 8,
-              "--max_train_steps", 6, "--checkpointing_steps", 3]
-    script.main([str(a) for a in [*common, "--output_dir", tmp_path / "straight"]])
-    script.main([str(a) for a in [*common, "--output_dir", tmp_path / "resumed", "--max_train_minutes", 0]])
+    run = in_process_ner(conll, tmp_path, "--max_eval_samples", 16, "--hidden_dropout_prob", 0.1,
+                         "--max_train_steps", 6, "--checkpointing_steps", 3)
+    run("--output_dir", tmp_path / "straight")
+    run("--output_dir", tmp_path / "resumed", "--max_train_minutes", 0)
     assert json.loads((tmp_path / "resumed" / "all_results.json").read_text())["train_steps"] == 1
-    script.main([str(a) for a in [*common, "--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "latest"]])
+    run("--output_dir", tmp_path / "resumed", "--resume_from_checkpoint", "latest")
     straight = load_file(tmp_path / "straight" / "model.safetensors")
     resumed = load_file(tmp_path / "resumed" / "model.safetensors")
     assert straight.keys() == resumed.keys()
@@ -319,15 +326,9 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(tmp_path, capsys, tokeni
 def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics(conll, tmp_path, one_thread):
     """With a constant learning rate the weights after step k do not depend on the planned steps, so the kept weights
     must equal those of a run that stopped at the best step."""
-    small = tmp_path / "small.txt"
-    small.write_text(conll_slice(conll / "train.txt", 60), encoding="utf-8")
-    script = load_script("finetune_ner")
-    common = ["--train_file", small, "--validation_file", small, "--max_eval_samples", 32, "--tokenizer_name",
-              conll / "tokenizer", "--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 2,
-              "--intermediate_size", 64, "--per_device_train_batch_size", 8, "--learning_rate", 0.05,
-              "--lr_scheduler_type", "constant", "--eval_steps", 2]
-    script.main([str(a) for a in [*common, "--max_train_steps", 10, "--load_best_model_at_end",
-                                  "--output_dir", tmp_path / "best"]])
+    run = in_process_ner(conll, tmp_path, "--max_eval_samples", 32, "--learning_rate", 0.05,
+                         "--lr_scheduler_type", "constant", "--eval_steps", 2)
+    run("--max_train_steps", 10, "--load_best_model_at_end", "--output_dir", tmp_path / "best")
     results = json.loads((tmp_path / "best" / "all_results.json").read_text())
     evaluations = [row for row in read_jsonl(tmp_path / "best" / "metrics.jsonl") if "eval_f1" in row]
     best = max(evaluations, key=lambda row: row["eval_f1"])  # the first of equals, as the trainer keeps it
@@ -335,7 +336,7 @@ def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics(co
     assert results["eval_f1"] == best["eval_f1"] and results["train_steps"] == 10
     assert not (tmp_path / "best" / "best_model.safetensors").exists()
 
-    script.main([str(a) for a in [*common, "--max_train_steps", best["step"], "--output_dir", tmp_path / "short"]])
+    run("--max_train_steps", best["step"], "--output_dir", tmp_path / "short")
     kept = load_file(tmp_path / "best" / "model.safetensors")
     short = load_file(tmp_path / "short" / "model.safetensors")
     assert all(torch.equal(kept[name], short[name]) for name in short)
