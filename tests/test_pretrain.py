@@ -174,10 +174,10 @@ def test_time_budget_sets_the_length_and_the_schedule(corpus, tokenizer_dir, tmp
     assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))
 
 
-def test_attention_layout_flags_and_the_kernels_are_reported(corpus, tokenizer_dir, tmp_path):
+def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "local"
     load_script("pretrain").main([str(a) for a in [
-        *data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 4, "--max_train_steps", 2,
+        *data(corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4, "--max_train_steps", 2,
         "--max_eval_samples", 8, "--sliding_window", 4, "--global_attn_every_n_layers", 2,
         "--global_attention_positions", 0, "--output_dir", out]])
     kernels = json.loads((out / "all_results.json").read_text())["attention_kernels"]
@@ -185,14 +185,17 @@ def test_attention_layout_flags_and_the_kernels_are_reported(corpus, tokenizer_d
     config = json.loads((out / "config.json").read_text())
     assert config["sliding_window"] == 4 and config["global_attention_positions"] == [0]
 
-    # --sliding_window 0 takes a checkpoint pretrained with a window back to full attention.
+    # --sliding_window 0 takes a checkpoint pretrained with a window back to full attention; dropout flags apply
+    # over a checkpoint too.
     full = tmp_path / "full"
     load_script("pretrain").main([str(a) for a in [
         *data(corpus, tokenizer_dir), "--model_name_or_path", out, "--per_device_train_batch_size", 4,
-        "--max_train_steps", 1, "--max_eval_samples", 8, "--sliding_window", 0, "--output_dir", full]])
+        "--max_train_steps", 1, "--max_eval_samples", 8, "--sliding_window", 0, "--hidden_dropout_prob", 0.2,
+        "--output_dir", full]])
     assert json.loads((full / "all_results.json").read_text())["attention_kernels"] == ["full_attention via sdpa"] * 2
     config = json.loads((full / "config.json").read_text())
     assert config["sliding_window"] is None and config["global_attention_positions"] is None
+    assert config["hidden_dropout_prob"] == 0.2 and config["attention_probs_dropout_prob"] == 0.0
 
 
 def test_cut_blocks_keeps_every_token_mask_and_label():

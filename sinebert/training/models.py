@@ -9,7 +9,10 @@ from .arguments import read_config_file
 from .errors import UserError
 
 SIZE_FLAGS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "norm_placement",
-              "hidden_dropout_prob", "attention_probs_dropout_prob", "scale_embeddings", "hidden_act")
+              "scale_embeddings", "hidden_act")
+# Dropout is a training choice, not part of what a checkpoint learned: it applies over a checkpoint as well (the CPU
+# cram pretrains without dropout and fine-tunes with it).
+DROPOUT_FLAGS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 # The attention layout also applies to a pretrained checkpoint: sinusoidal positions let a model pretrained with full
 # attention at 128 tokens be fine-tuned with sliding-window layers on long inputs.
 LAYOUT_FLAGS = ("sliding_window", "global_attn_every_n_layers", "global_attention_positions")
@@ -23,11 +26,11 @@ def add_size_arguments(parser):
     group.add_argument("--num_attention_heads", type=int)
     group.add_argument("--intermediate_size", type=int)
     group.add_argument("--norm_placement", choices=("post", "pre"))
-    group.add_argument("--hidden_dropout_prob", type=float)
-    group.add_argument("--attention_probs_dropout_prob", type=float)
     group.add_argument("--hidden_act")
     group.add_argument("--scale_embeddings", action="store_true", default=None)
-    group = parser.add_argument_group("attention layout (from scratch or over a checkpoint)")
+    group = parser.add_argument_group("dropout and attention layout (from scratch or over a checkpoint)")
+    group.add_argument("--hidden_dropout_prob", type=float)
+    group.add_argument("--attention_probs_dropout_prob", type=float)
     group.add_argument("--sliding_window", type=int,
                        help="Local attention: tokens seen on each side; 0 for full attention in every layer (drops "
                             "the window and global settings of a checkpoint).")
@@ -36,11 +39,12 @@ def add_size_arguments(parser):
                        help="With --sliding_window: positions (e.g. 0 for [CLS]) that attend to and from every token.")
 
 
-def attention_layout(args) -> dict:
-    """The config values the layout flags set; `--sliding_window 0` means full attention everywhere."""
+def checkpoint_overrides(args) -> dict:
+    """The config values the dropout and layout flags set; `--sliding_window 0` means full attention everywhere."""
+    values = {k: getattr(args, k) for k in DROPOUT_FLAGS if getattr(args, k, None) is not None}
     if getattr(args, "sliding_window", None) == 0:
-        return dict.fromkeys(LAYOUT_FLAGS)
-    return {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k, None) is not None}
+        return values | dict.fromkeys(LAYOUT_FLAGS)
+    return values | {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k, None) is not None}
 
 
 def load_tokenizer(args):
@@ -71,7 +75,7 @@ def scratch_config(args, tokenizer, **task_values) -> SineBertConfig:
         for key in ("architectures", "auto_map", "transformers_version", "model_type", "_name_or_path"):
             values.pop(key, None)
     values.update({k: getattr(args, k) for k in SIZE_FLAGS if getattr(args, k, None) is not None})
-    values.update(attention_layout(args))
+    values.update(checkpoint_overrides(args))
     values.setdefault("vocab_size", len(tokenizer))
     values["pad_token_id"] = tokenizer.pad_token_id
     values.update(task_values)
@@ -103,11 +107,11 @@ def load_pretrained(auto_class, args, tokenizer, **config_values):
                 f"{path} holds only pickle weights (*.bin), and loading a pickle can run arbitrary code; convert "
                 "them to safetensors, or pass --allow_pickle_weights if you trust whoever wrote them."
             )
-    layout = attention_layout(args)
     try:
         model = auto_class.from_pretrained(
             args.model_name_or_path, trust_remote_code=args.trust_remote_code,
-            use_safetensors=None if args.allow_pickle_weights else True, **layout, **config_values, **attn,
+            use_safetensors=None if args.allow_pickle_weights else True, **checkpoint_overrides(args), **config_values,
+            **attn,
         )
     except OSError as error:
         raise UserError(f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {error}")
