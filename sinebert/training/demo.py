@@ -341,10 +341,9 @@ def build_stages(plan: Plan, paths: Paths, hardware: Hardware, runner: Runner) -
             what = {"classification": "the fresh/rotten classifier", "ner": "the NER tagger"}[task]
             origin = {"pretrained": "from the pretrained checkpoint", "scratch": "from random initialisation"}[start]
             output = paths.finetuned(task, start)
-            stage = _script_stage(runner, f"{task}-{start}", f"Fine-tuning {what} {origin} ({launch})", output, [],
-                                  needs=("pretrain",), resumable=True)
-            stage.build = partial(finetune_command, plan, paths, hardware, task, start)
-            stages.append(stage)
+            stages.append(_script_stage(runner, f"{task}-{start}", f"Fine-tuning {what} {origin} ({launch})", output,
+                                        [], needs=("pretrain",), resumable=True,
+                                        build=partial(finetune_command, plan, paths, hardware, task, start)))
     finetuned = tuple(f"{task}-{start}" for task in ("classification", "ner") for start in ("pretrained", "scratch"))
     stages += [
         Stage("evaluate", "Evaluating the four fine-tuned models on the test splits",
@@ -366,10 +365,10 @@ def build_stages(plan: Plan, paths: Paths, hardware: Hardware, runner: Runner) -
 
 
 def _script_stage(runner: Runner, name: str, title: str, output: Path, command: list[str], needs=(),
-                  outputs=None, resumable=False, keep_dir=False) -> Stage:
+                  outputs=None, resumable=False, keep_dir=False, build=None) -> Stage:
     return Stage(name, title, runner.script, signature=_signature(command),
                  outputs=outputs or [output / "all_results.json"], needs=needs, command=command,
-                 output_dir=None if keep_dir else output, resumable=resumable)
+                 output_dir=None if keep_dir else output, resumable=resumable, build=build)
 
 
 def _signature(command: list[str]) -> list[str]:
