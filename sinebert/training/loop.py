@@ -443,10 +443,7 @@ class Trainer:
         """Evaluate, log, track the best main metric; True when early stopping should end the run."""
         if not self.task.evaluate:
             return False
-        self.model.eval()
-        with torch.no_grad():
-            metrics = self.task.evaluate(self.model)
-        self.model.train()
+        metrics = self._run_evaluation()
         self.state.history.append({"step": self.state.step, **metrics})
         log.write(step=self.state.step, **metrics)
         if self.args.with_tracking:
@@ -467,6 +464,14 @@ class Trainer:
         self.state.evaluations_without_improvement += 1
         patience = self.task.early_stopping_patience
         return patience is not None and self.state.evaluations_without_improvement >= patience
+
+    def _run_evaluation(self) -> dict:
+        """The task's evaluation in eval mode without gradients, then back to training mode."""
+        self.model.eval()
+        with torch.no_grad():
+            metrics = self.task.evaluate(self.model)
+        self.model.train()
+        return metrics
 
     @property
     def best_weights(self) -> Path:
@@ -491,10 +496,7 @@ class Trainer:
         if self.accelerator.num_processes > 1:
             for tensor in model.state_dict().values():
                 torch.distributed.broadcast(tensor, src=0)
-        self.model.eval()
-        with torch.no_grad():
-            self.task.evaluate(self.model)
-        self.model.train()
+        self._run_evaluation()
         self.accelerator.print(f"Kept the weights of step {self.state.best_step}, the best {self.task.main_metric}.")
 
     def save_checkpoint(self):
