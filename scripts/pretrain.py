@@ -20,6 +20,7 @@ from sinebert.training.arguments import (
     parse_with_config_file,
 )
 from sinebert.training.data import hold_out_validation, load_splits, pick_column
+from sinebert.training.embeddings import init_word_embeddings
 from sinebert.training.errors import run_cli
 from sinebert.training.loop import Task, Trainer, save_final, setup_accelerator, shutdown
 from sinebert.training.mlm import (
@@ -52,6 +53,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--short_seq_probability", type=float, default=0.9,
                        help="With --short_seq_length: the share of steps that use the short blocks.")
     group.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens to mask.")
+    group.add_argument(
+        "--init_word_embeddings", metavar="PATH",
+        help="Start from scratch with these word embeddings (scripts/train_word_embeddings.py, same tokenizer): "
+             "the encoder then leaves the frequency-only plateau of MLM sooner.",
+    )
     group.add_argument("--text_column_name", help="Column of csv/json data holding the text (default: 'text').")
     group.add_argument("--streaming", action="store_true", help="Stream data larger than memory.")
     group.add_argument(
@@ -106,6 +112,8 @@ def main(argv=None):
     tokenizer = load_tokenizer(args)
     reshape = mixed_lengths(args, tokenizer.pad_token_id)
     model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
+    if args.init_word_embeddings:
+        init_word_embeddings(model, args.init_word_embeddings, tokenizer, from_checkpoint=bool(args.model_name_or_path))
     train_blocks, validation_blocks = load_blocks(args, accelerator, tokenizer)
 
     collator = MaskingCollator(tokenizer, args.mlm_probability, seed=args.seed)
@@ -145,6 +153,7 @@ def main(argv=None):
                         f"vocabulary {model.config.vocab_size}",
                 "steps": f"{results['train_steps']} of batch {args.per_device_train_batch_size} x "
                          f"{accelerator.num_processes} processes x {args.gradient_accumulation_steps} accumulation",
+                "word embeddings": args.init_word_embeddings or args.model_name_or_path or "random",
                 "sequence length": args.max_seq_length,
                 "masking": f"{args.mlm_probability:.0%} of tokens (80% [MASK], 10% random, 10% unchanged)",
                 "learning rate": f"{args.learning_rate} ({args.lr_scheduler_type} schedule)",

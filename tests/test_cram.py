@@ -127,14 +127,18 @@ def test_every_stage_config_is_a_valid_argument_file_of_its_script():
     from tests.conftest import load_script
 
     required = ["--output_dir", "out", "--train_file", "x.txt"]
-    for script, config in (("pretrain", "pretrain.yaml"), ("finetune_classification", "sst2.yaml"),
-                           ("finetune_ner", "conll2003.yaml"), ("finetune_qa", "squad.yaml")):
+    for script, config in (("finetune_classification", "sst2.yaml"), ("finetune_ner", "conll2003.yaml"),
+                           ("finetune_qa", "squad.yaml")):
         args = load_script(script).parse_args(["--config_file", str(cram.CONFIGS / config), *required])
         assert args.max_train_minutes > 0 and args.max_train_steps is None, config
+    # The 20 minutes of pretraining go to the word embeddings; the MLM stage only builds the checkpoint.
+    embeddings = load_script("train_word_embeddings").parse_args(
+        ["--config_file", str(cram.CONFIGS / "embeddings.yaml"), "--tokenizer_name", "t", *required])
+    assert embeddings.max_train_minutes == 20 and embeddings.embedding_size == 256
     pretrain = load_script("pretrain").parse_args(["--config_file", str(cram.CONFIGS / "pretrain.yaml"), *required])
     assert (pretrain.hidden_size, pretrain.num_hidden_layers, pretrain.num_attention_heads,
             pretrain.intermediate_size) == (256, 4, 4, 1024)
-    assert pretrain.max_train_minutes == 20
+    assert pretrain.max_train_steps == 0
     tokenizer = load_script("train_tokenizer").parse_args(["--config_file", str(cram.CONFIGS / "tokenizer.yaml"),
                                                            *required])
     assert tokenizer.vocab_size == 16000 and tokenizer.lowercase
@@ -143,7 +147,8 @@ def test_every_stage_config_is_a_valid_argument_file_of_its_script():
 def test_budget_minutes_come_from_the_command_line_else_the_config():
     assert cram_report.budget_minutes(["x", "--max_train_minutes", "9", "--max_train_minutes", "0.5"], "sst2") == 0.5
     assert cram_report.budget_minutes(["x"], "conll2003-scratch") == 8.0
-    assert cram_report.budget_minutes(["x"], "pretrain") == 20.0
+    assert cram_report.budget_minutes(["x"], "embeddings") == 20.0
+    assert cram_report.budget_minutes(["x"], "pretrain") is None  # steps, not minutes
 
 
 def test_unknown_stage_and_missing_shared_data_are_one_sentence(tmp_path, capsys, shared_data):
@@ -194,8 +199,9 @@ def test_quick_cram_end_to_end_then_reused(tmp_path, shared_data, sotu_cache):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     results = json.loads((output / "results" / "cram.json").read_text())
-    pretraining = results["pretraining"]
-    assert pretraining["train_tokens"] > 0 and 1.0 < pretraining["eval_perplexity"] < 1000 * 1.5
+    assert results["embeddings"]["epochs"] > 0 and results["embeddings"]["train_steps"] >= 1
+    pretraining = results["pretraining"]  # no MLM steps: the checkpoint is the CBOW embeddings and random layers
+    assert pretraining["train_steps"] == 0 and 1.0 < pretraining["eval_perplexity"] < 1000 * 1.5
     assert math.isclose(math.log(pretraining["eval_perplexity"]), pretraining["eval_loss"], rel_tol=1e-3)
     for start in cram.STARTS:
         scores = results["sinebert"][start]
@@ -203,11 +209,11 @@ def test_quick_cram_end_to_end_then_reused(tmp_path, shared_data, sotu_cache):
         assert all(value is not None and 0.0 <= value <= 100.0 for value in scores.values()), scores
         assert 25.0 <= scores["sst2_accuracy"] <= 75.0  # seconds of training: about chance, never broken
     stages = {row["stage"]: row for row in results["stages"]}
-    assert set(stages) == {"data", "tokenizer", "pretrain", "conll2003-test",
+    assert set(stages) == {"data", "tokenizer", "embeddings", "pretrain", "conll2003-test",
                            *(f"{task}-{start}" for task in cram.TASKS for start in cram.STARTS)}
     for name, row in stages.items():
         assert row["wall_seconds"] > 0 and len(row["load_average"]["start"]) == 3, name
-        if name in ("data", "tokenizer", "conll2003-test"):
+        if name in ("data", "tokenizer", "pretrain", "conll2003-test"):
             continue
         assert row["budget_minutes"] <= 0.15 and 0 < row["train_seconds"] < 60, name
         assert row["train_steps"] >= 1 and row["train_tokens_per_second"] > 0, name
@@ -220,4 +226,4 @@ def test_quick_cram_end_to_end_then_reused(tmp_path, shared_data, sotu_cache):
 
     again = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert again.stdout.count("Reusing the finished stage") == 10  # all but the results table
+    assert again.stdout.count("Reusing the finished stage") == 11  # all but the results table

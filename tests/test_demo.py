@@ -169,6 +169,19 @@ def test_finished_stages_are_reused_and_changes_rerun_what_depends_on_them(tmp_p
     assert calls == [("third", False)]  # a stage whose outputs went missing runs again
 
 
+def test_kept_stages_are_reused_although_a_stage_they_need_reran(tmp_path, capsys):
+    calls = []
+    runner(tmp_path).run(fake_stages(calls, tmp_path))
+    calls.clear()
+    runner(tmp_path).run(fake_stages(calls, tmp_path, signature="changed"), keep=frozenset({"second"}))
+    assert calls == [("first", False)]
+    assert json.loads((tmp_path / "stages.json").read_text())["second"]["kept"] is True
+    calls.clear()
+    runner(tmp_path).run(fake_stages(calls, tmp_path, signature="again"), keep=frozenset({"third"}))
+    assert calls == [("first", False), ("second", False)]  # keeping a stage does not keep the others
+    assert "kept" not in json.loads((tmp_path / "stages.json").read_text())["second"]  # it ran again
+
+
 def test_an_interrupted_training_stage_resumes_from_its_checkpoint(tmp_path):
     calls = []
     stages = fake_stages(calls, tmp_path)

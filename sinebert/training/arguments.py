@@ -24,6 +24,16 @@ def _steps_or_epoch(value: str):
     return steps
 
 
+def _steps_or_zero(value: str) -> int:
+    try:
+        steps = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of steps, got {value!r}") from None
+    if steps < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more steps, got {steps}")
+    return steps
+
+
 def add_data_arguments(parser: argparse.ArgumentParser):
     group = parser.add_argument_group("data")
     group.add_argument("--dataset_name", help="A dataset on the Hugging Face hub (needs a network).")
@@ -69,7 +79,8 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--adam_beta2", type=float, default=0.999)
     group.add_argument("--adam_epsilon", type=float, default=1e-8)
     group.add_argument("--num_train_epochs", type=float, default=epochs)
-    group.add_argument("--max_train_steps", type=int, help="Total optimizer steps; overrides --num_train_epochs.")
+    group.add_argument("--max_train_steps", type=_steps_or_zero,
+                       help="Total optimizer steps; overrides --num_train_epochs (0: evaluate and save the start).")
     group.add_argument("--max_train_minutes", type=float, help="Stop (and save) after this much training time.")
     group.add_argument("--gradient_accumulation_steps", type=int, default=1)
     group.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping; 0 disables it.")

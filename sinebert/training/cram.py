@@ -51,8 +51,9 @@ PLANS = {
     # A smoke test of the whole path in 1-2 minutes: slices of every data set, a tiny model, budgets of seconds.
     "quick": Plan("quick", cram_data.CramLimits(pretrain_lines=400, squad_articles=1, conll_test_sentences=200), {
         "tokenizer": ["--vocab_size", "1000"],
-        "pretrain": [*_TINY_MODEL, "--max_train_minutes", "0.15", "--max_eval_samples", "16", "--eval_steps", "1000",
-                     "--checkpointing_steps", "20", "--per_device_train_batch_size", "16", "--max_seq_length", "64"],
+        "embeddings": ["--embedding_size", "64", "--max_train_minutes", "0.05", "--batch_size", "1024"],
+        "pretrain": [*_TINY_MODEL, "--max_eval_samples", "16", "--per_device_train_batch_size", "16",
+                     "--max_seq_length", "64"],
         "sst2": ["--max_train_minutes", "0.1", "--max_train_samples", "1500", "--max_eval_samples", "200",
                  "--eval_steps", "1000"],
         "conll2003": ["--max_train_minutes", "0.1", "--max_train_samples", "1000", "--max_eval_samples", "200",
@@ -111,6 +112,7 @@ class CramPaths:
     def __post_init__(self):
         self.data = cram_data.CramData(self.root / "data")
         self.tokenizer = self.root / "tokenizer"
+        self.embeddings = self.root / "embeddings"
         self.pretrain = self.root / "pretrain"
         self.logs = self.root / "logs"
         self.ledger = self.root / "stages.json"
@@ -151,15 +153,25 @@ def tokenizer_stage(plan: Plan, paths: CramPaths, runner: Runner) -> Stage:
     return stage
 
 
+def embeddings_stage(plan: Plan, paths: CramPaths, runner: Runner) -> Stage:
+    config = config_file("embeddings.yaml")
+    command = [sys.executable, str(SCRIPTS / "train_word_embeddings.py"), "--config_file", str(config),
+               "--train_file", str(paths.data.pretrain_train), "--tokenizer_name", str(paths.tokenizer),
+               "--output_dir", str(paths.embeddings), *plan.overrides.get("embeddings", [])]
+    return script_stage(runner, "embeddings", "Training word embeddings (CBOW) on the pretraining text", command,
+                        config, paths.embeddings, needs=("tokenizer",), resumable=False)
+
+
 def pretrain_stage(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch) -> Stage:
     config = config_file("pretrain.yaml")
     command = launch.command("pretrain.py") + [
         "--config_file", str(config), "--train_file", str(paths.data.pretrain_train),
         "--validation_file", str(paths.data.pretrain_validation), "--tokenizer_name", str(paths.tokenizer),
-        "--output_dir", str(paths.pretrain), *plan.overrides.get("pretrain", []),
+        "--init_word_embeddings", str(paths.embeddings), "--output_dir", str(paths.pretrain),
+        *plan.overrides.get("pretrain", []),
     ]
     return script_stage(runner, "pretrain", f"MLM pretraining ({launch.describe()})", command, config, paths.pretrain,
-                        needs=("tokenizer",), resumable=True)
+                        needs=("embeddings",), resumable=True)
 
 
 def task_files(task: str, shared: Path, paths: CramPaths) -> list[str]:
@@ -227,6 +239,7 @@ def build_stages(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch, s
               lambda stage, resumed: cram_data.prepare(shared, paths.data, paths.cache, plan.limits),
               signature=[repr(plan.limits), str(shared.resolve())], outputs=[paths.data.summary]),
         tokenizer_stage(plan, paths, runner),
+        embeddings_stage(plan, paths, runner),
         pretrain_stage(plan, paths, runner, launch),
     ]
     # Pretrained runs first: if the time runs out, the numbers that matter most are there.
@@ -244,9 +257,9 @@ def build_stages(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch, s
 
 def run_cram(mode: str, output_dir: str | None = None, shared_data: str | None = None, cache_dir: str | None = None,
              results_dir: str | None = None, processes: int | None = None, threads: int | None = None,
-             command: str = "make cram", stop_after: str | None = None) -> Path | None:
+             command: str = "make cram", stop_after: str | None = None, keep: tuple[str, ...] = ()) -> Path | None:
     """Run every stage of `mode` ('full' or 'quick'), or those up to `stop_after`; returns the markdown table's path
-    (None when stopped before the table)."""
+    (None when stopped before the table). `keep`: finished stages reused although a stage they need reran."""
     if mode not in PLANS:
         raise UserError(f"Unknown cram mode {mode!r}; choose one of {', '.join(PLANS)}.")
     plan = PLANS[mode]
@@ -265,7 +278,10 @@ def run_cram(mode: str, output_dir: str | None = None, shared_data: str | None =
     names = [stage.name for stage in stages]
     if stop_after is not None and stop_after not in names:
         raise UserError(f"--stop_after {stop_after!r} is not a stage; the stages are {', '.join(names)}.")
-    runner.run(stages[: names.index(stop_after) + 1] if stop_after else stages)
+    unknown = [name for name in keep if name not in names]
+    if unknown:
+        raise UserError(f"--keep {' '.join(unknown)}: not a stage; the stages are {', '.join(names)}.")
+    runner.run(stages[: names.index(stop_after) + 1] if stop_after else stages, frozenset(keep))
     if stop_after not in (None, "results"):
         print(f"\nStopped after the stage {stop_after!r}; run again without --stop_after to finish.", flush=True)
         return None

@@ -17,8 +17,8 @@ REFERENCE = {
     "tfidf_logistic_regression": {"sst2_accuracy": 80.5},
 }
 TARGETS = {"sst2_accuracy": 85.0, "conll2003_f1": 75.0, "squad_f1": 30.0}
-CONFIG_OF_STAGE = {"tokenizer": "tokenizer.yaml", "pretrain": "pretrain.yaml", "sst2": "sst2.yaml",
-                   "conll2003": "conll2003.yaml", "squad": "squad.yaml"}
+CONFIG_OF_STAGE = {"tokenizer": "tokenizer.yaml", "embeddings": "embeddings.yaml", "pretrain": "pretrain.yaml",
+                   "sst2": "sst2.yaml", "conll2003": "conll2003.yaml", "squad": "squad.yaml"}
 
 
 def _json(path: Path) -> dict:
@@ -66,7 +66,7 @@ def stage_rows(paths, ledger, load: dict) -> list[dict]:
         if name == "results" or not entry.get("done"):
             continue
         row = {"stage": name, "wall_seconds": entry.get("seconds"), "resumed": entry.get("resumed", False),
-               "finished": entry.get("finished"), "load_average": load.get(name)}
+               "kept": entry.get("kept", False), "finished": entry.get("finished"), "load_average": load.get(name)}
         output = paths.pretrain if name == "pretrain" else paths.root / name
         results = _json(output / "all_results.json") if name != "tokenizer" else {}
         if "train_seconds" in results:
@@ -80,6 +80,7 @@ def stage_rows(paths, ledger, load: dict) -> list[dict]:
 
 def collect(paths, ledger, context: dict) -> dict:
     pretrain = _json(paths.pretrain / "all_results.json")
+    embeddings = _json(paths.embeddings / "all_results.json")
     conll_test = _json(paths.conll_test)
     metrics = {}
     for start in ("pretrained", "scratch"):
@@ -99,6 +100,8 @@ def collect(paths, ledger, context: dict) -> dict:
         "pretraining": {key: pretrain.get(key) for key in (
             "eval_perplexity", "eval_loss", "eval_accuracy", "train_tokens", "train_steps", "train_seconds",
             "train_tokens_per_second")},
+        "embeddings": {key: embeddings.get(key) for key in (
+            "corpus_tokens", "epochs", "train_tokens", "train_steps", "train_seconds", "final_loss")},
         "sinebert": metrics,
         "pretraining_gain": {key: _difference(metrics["pretrained"][key], metrics["scratch"][key])
                              for key in metrics["pretrained"]},
@@ -133,6 +136,9 @@ def headline_table(results: dict) -> list[str]:
     tokens = pretraining["train_tokens"]
     perplexity = (f"{_number(pretraining['eval_perplexity'])} ({tokens / 1e6:.2f} M tokens seen)"
                   if tokens is not None else "-")
+    embeddings = results.get("embeddings") or {}
+    cbow = (f"{embeddings['epochs']:.1f} epochs of {embeddings['corpus_tokens'] / 1e6:.2f} M tokens"
+            if embeddings.get("epochs") is not None else "-")
 
     def pair(row: dict) -> str:
         return f"{_number(row['squad_exact_match'])} / {_number(row['squad_f1'])}"
@@ -144,6 +150,7 @@ def headline_table(results: dict) -> list[str]:
         "| | sinebert, pretrained | sinebert, from scratch | HF example pipeline | TF-IDF + logistic regression "
         "| target | met |",
         "|---|---|---|---|---|---|---|",
+        f"| word embeddings (CBOW) | {cbow} | - | - | - | - | - |",
         f"| MLM validation perplexity | {perplexity} | - | {hf['perplexity']:.0f} ({hf['tokens'] / 1e6:.2f} M tokens "
         "seen) | - | - | - |",
         f"| SST-2 dev accuracy | {_number(ours['sst2_accuracy'])} | {_number(scratch['sst2_accuracy'])} | "
@@ -164,11 +171,15 @@ def stage_table(results: dict) -> list[str]:
         shown = f"{'/'.join(map(str, load['start']))} -> {'/'.join(map(str, load['end']))}" if load else "-"
         training = row.get("train_seconds")
         lines.append(
-            f"| {row['stage']}{' (resumed)' if row['resumed'] else ''} | {_number(row.get('budget_minutes'), 2)} | "
+            f"| {row['stage']}{' (resumed)' if row['resumed'] else ''}{_kept(row)} | {_number(row.get('budget_minutes'), 2)} | "
             f"{_number(None if training is None else training / 60, 2)} | {_number(row['wall_seconds'] / 60, 2)} | "
             f"{_number(row.get('train_steps'), 0)} | {_number(row.get('train_tokens_per_second'), 0)} | {shown} |"
         )
     return lines
+
+
+def _kept(row: dict) -> str:
+    return f" (kept, finished {row['finished']})" if row.get("kept") else ""
 
 
 def markdown(results: dict) -> str:

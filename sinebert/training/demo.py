@@ -216,6 +216,10 @@ class Ledger:
                                         finished=time.strftime("%Y-%m-%d %H:%M:%S"))
         self._save()
 
+    def mark_kept(self, stage: Stage):
+        self.entries[stage.name]["kept"] = True
+        self._save()
+
     def seconds(self, name: str) -> float | None:
         return self.entries.get(name, {}).get("seconds")
 
@@ -261,10 +265,15 @@ class Runner:
         self.env = subprocess_env(hardware)
         self.started = time.perf_counter()
 
-    def run(self, stages: list[Stage]):
+    def run(self, stages: list[Stage], keep: frozenset[str] = frozenset()):
+        """`keep`: finished stages to reuse even when a stage they need reran (the user knows what they read is
+        unchanged); the ledger marks them."""
         rerun: set[str] = set()
         for index, stage in enumerate(stages, 1):
             forced = any(name in rerun for name in stage.needs)
+            if forced and stage.name in keep and self.ledger.is_done(stage):
+                forced = False
+                self.ledger.mark_kept(stage)
             if stage.build is not None:
                 stage.command = stage.build()
                 stage.signature = _signature(stage.command)

@@ -140,8 +140,9 @@ def build_optimizer(model: nn.Module, args) -> torch.optim.AdamW:
 
 
 def training_steps(args, batches_per_epoch: int | None) -> int:
-    """Optimizer steps of the run: --max_train_steps, or epochs x batches per epoch / accumulation."""
-    if args.max_train_steps:
+    """Optimizer steps of the run: --max_train_steps (0: only evaluate and save the starting model), or epochs x
+    batches per epoch / accumulation."""
+    if args.max_train_steps is not None:
         return args.max_train_steps
     if batches_per_epoch is None:
         raise UserError("--streaming data has no length: pass --max_train_steps to say how long to train.")
@@ -165,7 +166,8 @@ class Trainer:
         self.evaluate_first = evaluate_first
         batches_per_epoch = None if streaming else len(train_dataloader)
         # A time budget without a step count trains until the budget is spent, with the schedule laid over time.
-        self.time_budget = args.max_train_minutes * 60 if args.max_train_minutes and not args.max_train_steps else None
+        by_time = args.max_train_minutes and args.max_train_steps is None
+        self.time_budget = args.max_train_minutes * 60 if by_time else None
         self.total_steps = sys.maxsize if self.time_budget else training_steps(args, batches_per_epoch)
         if args.gradient_checkpointing:
             model.activation_checkpointing_enable()
