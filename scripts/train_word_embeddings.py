@@ -77,9 +77,8 @@ def main(argv=None):
     output = Path(args.output_dir)
     path = save_word_embeddings(output, matrix, tokenizer, summary)
     (output / "all_results.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"{summary['train_steps']} steps ({summary['epochs']:.1f} epochs, {summary['train_tokens_per_second']:,.0f} "
-          f"tokens/s); "
-          f"wrote {path}.", flush=True)
+    print(f"{summary['train_steps']} steps ({summary['epochs']:.1f} epochs, "
+          f"{summary['train_tokens_per_second']:,.0f} tokens/s); wrote {path}.", flush=True)
 
 
 if __name__ == "__main__":

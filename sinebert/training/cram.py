@@ -1,8 +1,9 @@
 """`make cram`: sinebert's quality on a fixed CPU budget ("CPU cram"), end to end with one command.
 
-data -> 16k WordPiece tokenizer -> 20 minutes of MLM pretraining -> fine-tuning on SST-2 (17 minutes), CoNLL-2003
-(8 minutes) and squad_train (13 minutes), each from the pretrained checkpoint and from random initialisation ->
-CoNLL-2003 test scoring -> results table (JSON and markdown) with every stage's wall time.
+data -> 16k WordPiece tokenizer -> 20 minutes of pretraining (CBOW word embeddings, then the checkpoint with MLM
+steps if configs/cram/pretrain.yaml gives it any) -> fine-tuning on SST-2 (17 minutes), CoNLL-2003 (8 minutes) and
+squad_train (13 minutes), each from the pretrained checkpoint and from random initialisation -> CoNLL-2003 test
+scoring -> results table (JSON and markdown) with every stage's wall time.
 
 The recipe (model size, optimiser, schedule, batch, lengths, masking, budgets) lives in `configs/cram/*.yaml`, one
 file per stage, passed to the scripts with `--config_file`; this module adds only data paths, output folders and,
@@ -170,8 +171,9 @@ def pretrain_stage(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch)
         "--init_word_embeddings", str(paths.embeddings), "--output_dir", str(paths.pretrain),
         *plan.overrides.get("pretrain", []),
     ]
-    return script_stage(runner, "pretrain", f"MLM pretraining ({launch.describe()})", command, config, paths.pretrain,
-                        needs=("embeddings",), resumable=True)
+    title = f"The pretrained checkpoint: the word embeddings, then MLM steps if any ({launch.describe()})"
+    return script_stage(runner, "pretrain", title, command, config, paths.pretrain, needs=("embeddings",),
+                        resumable=True)
 
 
 def task_files(task: str, shared: Path, paths: CramPaths) -> list[str]:
@@ -245,9 +247,11 @@ def build_stages(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch, s
     # Pretrained runs first: if the time runs out, the numbers that matter most are there.
     stages += [finetune_stage(plan, paths, runner, launch, shared, task, start) for start in STARTS for task in TASKS]
     stages = [record_load(stage, paths.load) for stage in [*stages, conll_test_stage(paths)]]
+    names = [stage.name for stage in stages]  # the table's row order (the ledger keeps first-run order)
     stages += [
-        Stage("results", "Writing the results table", lambda stage, resumed: cram_report.write(paths, runner.ledger,
-              context), signature=["results"], outputs=[paths.results / "cram.json"], always=True),
+        Stage("results", "Writing the results table", lambda stage, resumed: cram_report.write(
+              paths, runner.ledger, context, order=names), signature=["results"],
+              outputs=[paths.results / "cram.json"], always=True),
     ]
     return stages
 

@@ -59,10 +59,12 @@ def budget_minutes(signature: list[str], stage: str) -> float | None:
     return None if value is None else float(value)
 
 
-def stage_rows(paths, ledger, load: dict) -> list[dict]:
-    """Per stage that ran: wall seconds, and for training stages the budget, training seconds, steps, tokens/s."""
+def stage_rows(paths, ledger, load: dict, order: list[str]) -> list[dict]:
+    """Per stage that ran, in `order`: wall seconds, and for training stages the budget, training seconds, steps and
+    tokens/s."""
     rows = []
-    for name, entry in ledger.entries.items():
+    for name in order:
+        entry = ledger.entries.get(name, {})
         if name == "results" or not entry.get("done"):
             continue
         row = {"stage": name, "wall_seconds": entry.get("seconds"), "resumed": entry.get("resumed", False),
@@ -78,7 +80,7 @@ def stage_rows(paths, ledger, load: dict) -> list[dict]:
     return rows
 
 
-def collect(paths, ledger, context: dict) -> dict:
+def collect(paths, ledger, context: dict, order: list[str]) -> dict:
     pretrain = _json(paths.pretrain / "all_results.json")
     embeddings = _json(paths.embeddings / "all_results.json")
     conll_test = _json(paths.conll_test)
@@ -94,7 +96,7 @@ def collect(paths, ledger, context: dict) -> dict:
             "squad_exact_match": squad.get("eval_exact_match"),
             "squad_f1": squad.get("eval_f1"),
         }
-    stages = stage_rows(paths, ledger, _json(paths.load))
+    stages = stage_rows(paths, ledger, _json(paths.load), order)
     return {
         "machine": {**context, "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
         "pretraining": {key: pretrain.get(key) for key in (
@@ -170,8 +172,9 @@ def stage_table(results: dict) -> list[str]:
         load = row.get("load_average")
         shown = f"{'/'.join(map(str, load['start']))} -> {'/'.join(map(str, load['end']))}" if load else "-"
         training = row.get("train_seconds")
+        name = f"{row['stage']}{' (resumed)' if row['resumed'] else ''}{_kept(row)}"
         lines.append(
-            f"| {row['stage']}{' (resumed)' if row['resumed'] else ''}{_kept(row)} | {_number(row.get('budget_minutes'), 2)} | "
+            f"| {name} | {_number(row.get('budget_minutes'), 2)} | "
             f"{_number(None if training is None else training / 60, 2)} | {_number(row['wall_seconds'] / 60, 2)} | "
             f"{_number(row.get('train_steps'), 0)} | {_number(row.get('train_tokens_per_second'), 0)} | {shown} |"
         )
@@ -200,8 +203,8 @@ def markdown(results: dict) -> str:
     ])
 
 
-def write(paths, ledger, context: dict) -> dict:
-    results = collect(paths, ledger, context)
+def write(paths, ledger, context: dict, order: list[str]) -> dict:
+    results = collect(paths, ledger, context, order)
     paths.results.mkdir(parents=True, exist_ok=True)
     (paths.results / "cram.json").write_text(json.dumps(results, indent=1) + "\n")
     (paths.results / "cram.md").write_text(markdown(results))

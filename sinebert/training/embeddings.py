@@ -30,7 +30,7 @@ def vocabulary_digest(tokenizer) -> str:
 
 
 def token_stream(texts, tokenizer) -> torch.Tensor:
-    """Every line's token ids end to end, each line followed by -1, so that no context window crosses a line: (tokens,)."""
+    """Every line's token ids end to end, each followed by -1 so that no context window crosses lines: (tokens,)."""
     ids = tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]  # lines may exceed 512
     stream = torch.tensor([token for line in ids if line for token in (*line, -1)], dtype=torch.long)
     if not (stream >= 0).any():
@@ -60,9 +60,9 @@ class CBOW(torch.nn.Module):
 def context_windows(stream: torch.Tensor, centers: torch.Tensor, window: int, pad_id: int) -> torch.Tensor:
     """The `window` tokens on each side of each center, with `pad_id` past the center's line end: (B, 2 x window)."""
     offsets = torch.cat([torch.arange(-window, 0), torch.arange(1, window + 1)])
-    positions = (centers[:, None] + offsets).clamp(0, len(stream) - 1)
-    tokens = torch.where((centers[:, None] + offsets >= 0) & (centers[:, None] + offsets < len(stream)),
-                         stream[positions], -1)
+    positions = centers[:, None] + offsets  # (B, 2 x window)
+    in_stream = (positions >= 0) & (positions < len(stream))
+    tokens = torch.where(in_stream, stream[positions.clamp(0, len(stream) - 1)], -1)
     # A position stays in context only if no line end (-1) lies between it and the center.
     inside = tokens >= 0
     left = inside[:, :window].flip(1).cumprod(1).flip(1)
