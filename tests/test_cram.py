@@ -175,7 +175,9 @@ def test_markdown_table_marks_targets_and_shows_every_stage():
         "targets_met": {"sst2_accuracy": True, "conll2003_f1": False, "squad_f1": True},
         "stages": [{"stage": "pretrain", "wall_seconds": 1300.0, "resumed": True, "budget_minutes": 20.0,
                     "train_seconds": 1200.0, "train_steps": 1000, "train_tokens_per_second": 4500.0,
-                    "load_average": {"start": [2.0, 2.0, 2.0], "end": [3.0, 2.5, 2.1]}}],
+                    "load_average": {"start": [2.0, 2.0, 2.0], "end": [3.0, 2.5, 2.1]}},
+                   {"stage": "sst2-scratch", "wall_seconds": 60.0, "resumed": False, "kept": True,
+                    "finished": "2026-01-01 10:00:00"}],
         "total_wall_seconds": 1300.0,
     }
     text = cram_report.markdown(results)
@@ -184,6 +186,7 @@ def test_markdown_table_marks_targets_and_shows_every_stage():
     assert "| CoNLL-2003 test entity F1 | 70.0 | 70.0 | 51.9 | - | >= 75 | no |" in text
     assert "| squad_eval EM / F1 | 20.0 / 31.5 | 20.0 / 31.5 | 1.6 / 9.5 | - | F1 >= 30 | yes |" in text
     assert "| pretrain (resumed) | 20.00 | 20.00 | 21.67 | 1,000 | 4,500 | 2.0/2.0/2.0 -> 3.0/2.5/2.1 |" in text
+    assert "| sst2-scratch (kept, finished 2026-01-01 10:00:00) | - | - | 1.00 | - | - | - |" in text
     assert "2026-01-02; AMD EPYC, 2 cores" in text and "`make cram`" in text
 
 
