@@ -2,7 +2,7 @@
 
 On a small budget, masked language modelling spends its first thousands of steps on a plateau where the encoder
 predicts how frequent each token is and has not yet learned to read the context (README "Quality at a fixed
-budget"). CBOW learns which tokens share contexts at about 100k tokens/s on two CPU cores, over 20 times the
+budget"). CBOW learns which tokens share contexts at about 90k tokens/s on two CPU cores, over 20 times the
 encoder's rate, so a few minutes of it give the encoder word embeddings worth fine-tuning from.
 
 `scripts/train_word_embeddings.py` writes them; `scripts/pretrain.py --init_word_embeddings` starts from them.
