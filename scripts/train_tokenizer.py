@@ -6,26 +6,19 @@ The folder loads with `AutoTokenizer.from_pretrained(output_dir)` as a fast toke
 """
 
 import argparse
-import itertools
 import json
 from pathlib import Path
 
 from sinebert.training.arguments import parse_with_config_file
-from sinebert.training.data import load_splits, pick_column
+from sinebert.training.data import add_text_arguments, training_texts
 from sinebert.training.errors import UserError, run_cli
 from sinebert.training.tokenizer import SPECIAL_TOKENS, train_wordpiece
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train_file", nargs="+", help="Text, csv, tsv, json or jsonl files; globs work.")
-    parser.add_argument("--validation_file", nargs="+", help=argparse.SUPPRESS)  # accepted, never trained on
-    parser.add_argument("--dataset_name", help="A dataset on the Hugging Face hub (needs a network).")
-    parser.add_argument("--dataset_config_name")
-    parser.add_argument("--text_column_name", help="Column holding the text in csv/json data (default: 'text').")
-    parser.add_argument("--encoding", default="utf-8")
+    add_text_arguments(parser)
     parser.add_argument("--streaming", action="store_true", help="Read the data lazily (corpora beyond memory).")
-    parser.add_argument("--max_train_samples", type=int, help="Train on at most this many lines.")
     parser.add_argument("--vocab_size", type=int, default=16000)
     parser.add_argument("--min_frequency", type=int, default=2, help="Minimum count of a merged pair.")
     parser.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=True,
@@ -38,23 +31,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parse_with_config_file(parser, argv)
 
 
-def texts(args):
-    splits = load_splits(args, streaming=args.streaming)
-    train = splits["train"]
-    column = pick_column(list(train.column_names or ["text"]), args.text_column_name,
-                         ("text", "sentence", "content"), "--text_column_name", "text")
-    rows = (row[column] for row in train) if args.streaming else iter(train[column])
-    return itertools.islice(rows, args.max_train_samples)
-
-
 def main(argv=None):
     args = parse_args(argv)
     output = Path(args.output_dir)
     if (output / "tokenizer.json").exists() and not args.overwrite_output_dir:
         raise UserError(f"{output} already holds a tokenizer; pass --overwrite_output_dir to replace it.")
     special = {name: getattr(args, name) for name in SPECIAL_TOKENS}
-    tokenizer = train_wordpiece(texts(args), args.vocab_size, args.min_frequency, args.lowercase, special,
-                                args.model_max_length)
+    tokenizer = train_wordpiece(training_texts(args, args.streaming), args.vocab_size, args.min_frequency,
+                                args.lowercase, special, args.model_max_length)
     tokenizer.save_pretrained(output)
     summary = {"vocab_size": len(tokenizer), "lowercase": args.lowercase, "min_frequency": args.min_frequency,
                "data": args.dataset_name or args.train_file}

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from sinebert.training.arguments import parse_with_config_file
-from sinebert.training.data import load_splits, pick_column
+from sinebert.training.data import add_text_arguments, training_texts
 from sinebert.training.embeddings import FILE_NAME, save_word_embeddings, token_stream, train_cbow
 from sinebert.training.errors import UserError, run_cli
 from sinebert.training.models import load_tokenizer
@@ -23,13 +23,7 @@ from sinebert.training.models import load_tokenizer
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train_file", nargs="+", help="Text, csv, tsv, json or jsonl files; globs work.")
-    parser.add_argument("--validation_file", nargs="+", help=argparse.SUPPRESS)  # accepted, never trained on
-    parser.add_argument("--dataset_name", help="A dataset on the Hugging Face hub (needs a network).")
-    parser.add_argument("--dataset_config_name")
-    parser.add_argument("--text_column_name", help="Column holding the text in csv/json data (default: 'text').")
-    parser.add_argument("--encoding", default="utf-8")
-    parser.add_argument("--max_train_samples", type=int, help="Train on at most this many lines.")
+    add_text_arguments(parser)
     parser.add_argument("--tokenizer_name", required=True, help="The tokenizer pretraining will use.")
     parser.add_argument("--model_name_or_path", help=argparse.SUPPRESS)  # load_tokenizer reads it; never set here
     parser.add_argument("--trust_remote_code", action="store_true", help="Allow hub tokenizers that ship code.")
@@ -58,19 +52,11 @@ def check_args(args):
         raise UserError(f"{args.output_dir} already holds {FILE_NAME}; pass --overwrite_output_dir to replace it.")
 
 
-def texts(args) -> list[str]:
-    train = load_splits(args)["train"]
-    column = pick_column(list(train.column_names), args.text_column_name, ("text", "sentence", "content"),
-                         "--text_column_name", "text")
-    rows = train[column]
-    return [row for row in rows[: args.max_train_samples] if row and row.strip()]
-
-
 def main(argv=None):
     args = parse_args(argv)
     check_args(args)
     tokenizer = load_tokenizer(args)
-    stream = token_stream(texts(args), tokenizer)
+    stream = token_stream((row for row in training_texts(args) if row), tokenizer)
     print(f"{int((stream >= 0).sum()):,} tokens; CBOW on {torch.get_num_threads()} CPU threads.", flush=True)
     matrix, summary = train_cbow(stream, len(tokenizer), args)
     summary["data"] = args.dataset_name or args.train_file

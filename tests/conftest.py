@@ -79,6 +79,15 @@ def sst2_sentences(shared_data) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def sst2_corpus(tmp_path_factory, sst2_sentences) -> Path:
+    """train.txt (3,000 real SST-2 sentences) and valid.txt (400 more), one text per line."""
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "train.txt").write_text("\n".join(sst2_sentences[:3000]) + "\n", encoding="utf-8")
+    (folder / "valid.txt").write_text("\n".join(sst2_sentences[3000:3400]) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory, sst2_sentences) -> Path:
     """A WordPiece tokenizer of 600 tokens trained on real SST-2 sentences, saved like the training script does."""
     from sinebert.training.tokenizer import train_wordpiece

@@ -32,22 +32,14 @@ def train_losses(folder) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows(folder) if "loss" in r}
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, sst2_sentences):
-    folder = tmp_path_factory.mktemp("corpus")
-    (folder / "train.txt").write_text("\n".join(sst2_sentences[:3000]) + "\n", encoding="utf-8")
-    (folder / "valid.txt").write_text("\n".join(sst2_sentences[3000:3400]) + "\n", encoding="utf-8")
-    return folder
-
-
-def data(corpus, tokenizer_dir):
-    return ["--train_file", corpus / "train.txt", "--validation_file", corpus / "valid.txt",
+def data(sst2_corpus, tokenizer_dir):
+    return ["--train_file", sst2_corpus / "train.txt", "--validation_file", sst2_corpus / "valid.txt",
             "--tokenizer_name", tokenizer_dir]
 
 
-def test_one_process_learns_and_the_result_serves(corpus, tokenizer_dir, tmp_path):
+def test_one_process_learns_and_the_result_serves(sst2_corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "run"
-    launch(*data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 16, "--max_train_steps", 60,
+    launch(*data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 16, "--max_train_steps", 60,
            "--eval_steps", 30, "--output_dir", out)
     evals = [r for r in rows(out) if "eval_loss" in r]
     assert [r["step"] for r in evals] == [0, 30, 60]
@@ -64,8 +56,8 @@ def test_one_process_learns_and_the_result_serves(corpus, tokenizer_dir, tmp_pat
     assert len(predictions) == 5 and predictions[0]["score"] > predictions[-1]["score"]
 
 
-def test_two_processes_match_one_process_with_twice_the_batch(corpus, tokenizer_dir, tmp_path):
-    common = [*data(corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--max_train_steps", 12, "--eval_steps", 12]
+def test_two_processes_match_one_process_with_twice_the_batch(sst2_corpus, tokenizer_dir, tmp_path):
+    common = [*data(sst2_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--max_train_steps", 12, "--eval_steps", 12]
     launch(*common, "--per_device_train_batch_size", 16, "--output_dir", tmp_path / "one")
     launch(*common, "--per_device_train_batch_size", 8, "--output_dir", tmp_path / "two", processes=2)
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
@@ -78,8 +70,8 @@ def test_two_processes_match_one_process_with_twice_the_batch(corpus, tokenizer_
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
 
 
-def test_resume_continues_exactly(corpus, tokenizer_dir, tmp_path):
-    common = [*data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
+def test_resume_continues_exactly(sst2_corpus, tokenizer_dir, tmp_path):
+    common = [*data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
               "--eval_steps", 12, "--checkpointing_steps", 8, "--checkpoints_total_limit", 3]
     launch(*common, "--output_dir", tmp_path / "full")
     assert [p.name for p in sorted((tmp_path / "full" / "checkpoints").iterdir())] == [
@@ -109,14 +101,14 @@ def consumed_tokens(folder, processes: int) -> collections.Counter:
 
 
 @pytest.mark.parametrize("processes", [1, 2])
-def test_streaming_reads_every_line_once_per_epoch(corpus, tokenizer_dir, tmp_path, processes):
+def test_streaming_reads_every_line_once_per_epoch(sst2_corpus, tokenizer_dir, tmp_path, processes):
     out = tmp_path / "stream"
     # 3000 lines of ~20 tokens = ~940 blocks of 64: 40 steps of 16 blocks cover the first epoch and part of the next.
-    launch(*data(corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--per_device_train_batch_size",
+    launch(*data(sst2_corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--per_device_train_batch_size",
            16 // processes, "--max_train_steps", 70, "--eval_steps", 70, "--output_dir", out, processes=processes)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     expected = collections.Counter()
-    for line in (corpus / "train.txt").read_text().splitlines():
+    for line in (sst2_corpus / "train.txt").read_text().splitlines():
         expected.update(tokenizer(line, add_special_tokens=False)["input_ids"])
     consumed = consumed_tokens(out, processes)
     for special in (tokenizer.cls_token_id, tokenizer.sep_token_id):
@@ -124,11 +116,11 @@ def test_streaming_reads_every_line_once_per_epoch(corpus, tokenizer_dir, tmp_pa
     assert consumed == expected
 
 
-def test_config_file_supplies_arguments_and_rejects_unknown_keys(corpus, tokenizer_dir, tmp_path, capsys):
+def test_config_file_supplies_arguments_and_rejects_unknown_keys(sst2_corpus, tokenizer_dir, tmp_path, capsys):
     pretrain = load_script("pretrain")
     config = tmp_path / "run.yaml"
     config.write_text(
-        f"train_file: [{corpus / 'train.txt'}]\nvalidation_file: [{corpus / 'valid.txt'}]\n"
+        f"train_file: [{sst2_corpus / 'train.txt'}]\nvalidation_file: [{sst2_corpus / 'valid.txt'}]\n"
         f"tokenizer_name: {tokenizer_dir}\nhidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\n"
         "intermediate_size: 64\nmax_seq_length: 32\nmax_train_steps: 3\nper_device_train_batch_size: 4\n"
         "max_eval_samples: 8\nlogging_steps: 1\n"
@@ -144,26 +136,26 @@ def test_config_file_supplies_arguments_and_rejects_unknown_keys(corpus, tokeniz
     assert "unknown keys ['hiden_size']" in message and "hidden_size" in message
 
 
-def test_refuses_to_overwrite_another_run_and_checks_the_vocabulary(corpus, tokenizer_dir, tmp_path, capsys):
+def test_refuses_to_overwrite_another_run_and_checks_the_vocabulary(sst2_corpus, tokenizer_dir, tmp_path, capsys):
     pretrain = load_script("pretrain")
     out = tmp_path / "busy"
     out.mkdir()
     (out / "notes.txt").write_text("someone else's run")
-    argv = [*data(corpus, tokenizer_dir), *TINY, "--max_train_steps", 1, "--output_dir", out]
+    argv = [*data(sst2_corpus, tokenizer_dir), *TINY, "--max_train_steps", 1, "--output_dir", out]
     assert "already holds files from another run" in user_error(capsys, pretrain, argv)
     assert (out / "notes.txt").read_text() == "someone else's run"
     small = tmp_path / "small.json"
     small.write_text(json.dumps({"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1,
                                  "num_attention_heads": 2, "intermediate_size": 64}))
-    argv = [*data(corpus, tokenizer_dir), "--config_name", small, "--max_train_steps", 1,
+    argv = [*data(sst2_corpus, tokenizer_dir), "--config_name", small, "--max_train_steps", 1,
             "--output_dir", tmp_path / "new"]
     assert "The tokenizer has 600 tokens but the model's vocab_size is 100" in user_error(capsys, pretrain, argv)
 
 
-def test_time_budget_sets_the_length_and_the_schedule(corpus, tokenizer_dir, tmp_path):
+def test_time_budget_sets_the_length_and_the_schedule(sst2_corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "budget"
     load_script("pretrain").main([str(a) for a in [
-        *data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_minutes", 0.1,
+        *data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_minutes", 0.1,
         "--warmup_ratio", 0.2, "--lr_scheduler_type", "linear", "--logging_steps", 1, "--output_dir", out]])
     results = json.loads((out / "all_results.json").read_text())
     assert results["stopped_early"] == "time budget" and 6 <= results["train_seconds"] < 30
@@ -174,11 +166,11 @@ def test_time_budget_sets_the_length_and_the_schedule(corpus, tokenizer_dir, tmp
     assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))
 
 
-def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(corpus, tokenizer_dir, tmp_path):
+def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(sst2_corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "local"
     load_script("pretrain").main([str(a) for a in [
-        *data(corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4, "--max_train_steps", 2,
-        "--max_eval_samples", 8, "--sliding_window", 4, "--global_attn_every_n_layers", 2,
+        *data(sst2_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,
+        "--max_train_steps", 2, "--max_eval_samples", 8, "--sliding_window", 4, "--global_attn_every_n_layers", 2,
         "--global_attention_positions", 0, "--output_dir", out]])
     kernels = json.loads((out / "all_results.json").read_text())["attention_kernels"]
     assert kernels == ["full_attention via sdpa", "sliding_attention(window=4, global=[0]) via local_blocked"]
@@ -189,7 +181,7 @@ def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(corpus,
     # over a checkpoint too.
     full = tmp_path / "full"
     load_script("pretrain").main([str(a) for a in [
-        *data(corpus, tokenizer_dir), "--model_name_or_path", out, "--per_device_train_batch_size", 4,
+        *data(sst2_corpus, tokenizer_dir), "--model_name_or_path", out, "--per_device_train_batch_size", 4,
         "--max_train_steps", 1, "--max_eval_samples", 8, "--sliding_window", 0, "--hidden_dropout_prob", 0.2,
         "--output_dir", full]])
     assert json.loads((full / "all_results.json").read_text())["attention_kernels"] == ["full_attention via sdpa"] * 2
@@ -222,7 +214,7 @@ def test_mixed_lengths_pick_short_steps_by_seed_and_step_only():
     assert all(MixedLengths(16, 1.0, 3, 0).is_short(s) for s in range(100))
 
 
-def test_mixed_lengths_train_on_short_and_long_blocks(corpus, tokenizer_dir, tmp_path, monkeypatch, capsys):
+def test_mixed_lengths_train_on_short_and_long_blocks(sst2_corpus, tokenizer_dir, tmp_path, monkeypatch, capsys):
     from sinebert import SineBertForMaskedLM
     from sinebert.training.mlm import MixedLengths
 
@@ -235,7 +227,7 @@ def test_mixed_lengths_train_on_short_and_long_blocks(corpus, tokenizer_dir, tmp
 
     monkeypatch.setattr(SineBertForMaskedLM, "forward", recording)
     pretrain, steps = load_script("pretrain"), 12
-    base = [*data(corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 4, "--max_train_steps", steps,
+    base = [*data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 4, "--max_train_steps", steps,
             "--max_eval_samples", 8, "--seed", 5]
     pretrain.main([str(a) for a in [*base, "--short_seq_length", 16, "--short_seq_probability", 0.5,
                                     "--output_dir", tmp_path / "mixed"]])

@@ -1,7 +1,10 @@
 """Loading data with `datasets`: local files (globs, several types), hub datasets, streaming; and clear errors for
 files that are missing, empty, of an unknown type or in another encoding."""
 
+import argparse
 import glob
+import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
@@ -42,6 +45,26 @@ def file_type(files: list[str], flag: str) -> str:
     if len(kinds) > 1:
         raise UserError(f"{flag} mixes file types {sorted(kinds)}; give files of one type.")
     return kinds.pop()
+
+
+def add_text_arguments(parser):
+    """The data flags of the scripts that read training text only (the tokenizer and the word embeddings)."""
+    parser.add_argument("--train_file", nargs="+", help="Text, csv, tsv, json or jsonl files; globs work.")
+    parser.add_argument("--validation_file", nargs="+", help=argparse.SUPPRESS)  # accepted, never trained on
+    parser.add_argument("--dataset_name", help="A dataset on the Hugging Face hub (needs a network).")
+    parser.add_argument("--dataset_config_name")
+    parser.add_argument("--text_column_name", help="Column holding the text in csv/json data (default: 'text').")
+    parser.add_argument("--encoding", default="utf-8")
+    parser.add_argument("--max_train_samples", type=int, help="Train on at most this many lines.")
+
+
+def training_texts(args, streaming: bool = False) -> Iterator[str]:
+    """The text column of the training split (at most --max_train_samples rows), read lazily when streaming."""
+    train = load_splits(args, streaming=streaming)["train"]
+    column = pick_column(list(train.column_names or ["text"]), args.text_column_name,
+                         ("text", "sentence", "content"), "--text_column_name", "text")
+    rows = (row[column] for row in train) if streaming else iter(train[column])
+    return itertools.islice(rows, args.max_train_samples)
 
 
 def load_splits(args, streaming: bool = False) -> DatasetDict | IterableDatasetDict:
