@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .errors import UserError
@@ -129,8 +130,6 @@ def load_word_embeddings(path: str, tokenizer, hidden_size: int, std: float) -> 
     if not file.is_file():
         raise UserError(f"--init_word_embeddings {path}: no {FILE_NAME} there; write one with "
                         "scripts/train_word_embeddings.py.")
-    from safetensors import safe_open
-
     with safe_open(str(file), framework="pt") as handle:
         digest = (handle.metadata() or {}).get("vocabulary_sha256")
     if digest != vocabulary_digest(tokenizer):
