@@ -42,6 +42,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument(
         "--label_separator", default=",", help="Splits a multi-label text cell into its labels (default ',').",
     )
+    group.add_argument(
+        "--classifier_pooling", choices=("cls", "mean"),
+        help="What the classifier reads: the first token's vector or the mean over the tokens (default: the "
+             "checkpoint's, else cls).",
+    )
     return parse_with_config_file(parser, argv)
 
 
@@ -50,7 +55,8 @@ def main(argv=None):
     accelerator = setup_accelerator(args)
     tokenizer = load_tokenizer(args)
     data = load_classification_data(args, tokenizer, print_fn=accelerator.print)
-    model = load_model(AutoModelForSequenceClassification, args, tokenizer, **data.labels.config_values())
+    pooling = {"classifier_pooling": args.classifier_pooling} if args.classifier_pooling else {}
+    model = load_model(AutoModelForSequenceClassification, args, tokenizer, **data.labels.config_values(), **pooling)
     train_dataloader, eval_dataloader = make_dataloaders(
         args, accelerator, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)
     )

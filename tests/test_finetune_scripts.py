@@ -54,7 +54,6 @@ def sst2(shared_data, tmp_path_factory):
     (folder / "dev.tsv").write_text("\n".join(dev) + "\n", encoding="utf-8")
     tokenizer = train_wordpiece([line.split("\t")[0] for line in train[1:]], vocab_size=2000, min_frequency=2)
     tokenizer.save_pretrained(folder / "tokenizer")
-    (folder / "mean_pooling.json").write_text(json.dumps({"classifier_pooling": "mean"}))
     return folder
 
 
@@ -62,7 +61,7 @@ def sst2(shared_data, tmp_path_factory):
 def test_classification_beats_the_majority_class_and_the_pipeline_agrees(sst2, tmp_path):
     out = tmp_path / "sst2"
     launch("finetune_classification", "--train_file", sst2 / "train.tsv", "--validation_file", sst2 / "dev.tsv",
-           "--tokenizer_name", sst2 / "tokenizer", "--config_name", sst2 / "mean_pooling.json", *TINY,
+           "--tokenizer_name", sst2 / "tokenizer", "--classifier_pooling", "mean", *TINY,
            "--per_device_train_batch_size", 32, "--num_train_epochs", 2, "--output_dir", out)
     results = check_saved_run(out, "eval_predictions.jsonl")
     rows = read_jsonl(out / "eval_predictions.jsonl")
@@ -75,6 +74,7 @@ def test_classification_beats_the_majority_class_and_the_pipeline_agrees(sst2, t
     assert set(results["eval_per_class"]) == {"0", "1"} and len(results["eval_confusion_matrix"]["matrix"]) == 2
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"] == {"0": "0", "1": "1"} and config["problem_type"] == "single_label_classification"
+    assert config["classifier_pooling"] == "mean"
     classify = pipeline("text-classification", model=str(out))
     served = classify([row["text"] for row in rows[:12]])
     assert [s["label"] for s in served] == [row["prediction"] for row in rows[:12]]
