@@ -359,13 +359,13 @@ def test_length_grouped_batches_cover_the_data_once_with_little_padding_and_resu
 
 
 @pytest.mark.parametrize("script", ["finetune_classification", "finetune_ner", "finetune_qa"])
-def test_grouping_by_length_is_on_unless_turned_off_on_the_command_line_or_in_a_config_file(tmp_path, script):
+def test_grouping_by_length_is_off_unless_asked_for_on_the_command_line_or_in_a_config_file(tmp_path, script):
     from tests.conftest import load_script
 
     parse = load_script(script).parse_args
     required = ["--output_dir", str(tmp_path), "--train_file", "x.txt"]
-    assert parse(required).group_by_length
-    assert not parse([*required, "--no_group_by_length"]).group_by_length
-    config = write(tmp_path / "recipe.yaml", "group_by_length: false\n")
-    assert not parse([*required, "--config_file", config]).group_by_length
-    assert parse([*required, "--config_file", config, "--group_by_length"]).group_by_length
+    assert not parse(required).group_by_length
+    assert parse([*required, "--group_by_length"]).group_by_length
+    config = write(tmp_path / "recipe.yaml", "group_by_length: true\n")
+    assert parse([*required, "--config_file", config]).group_by_length
+    assert not parse([*required, "--config_file", config, "--no_group_by_length"]).group_by_length

@@ -46,12 +46,13 @@ def finetune_parser(description: str, *, max_length: int, batch_size: int, epoch
         help="End with the weights of the evaluation with the best main metric (and report its metrics).",
     )
     group.add_argument(
-        "--group_by_length", action="store_true", default=True,
+        "--group_by_length", action="store_true",
         help="Batch training examples of similar length together (the batches in a random order), so that little of "
-             "each batch is padding. On by default.",
+             "each batch is padding. Off by default, as in Hugging Face's Trainer: with a loss averaged over the "
+             "tokens of a batch (NER) it gives the tokens of short examples more weight.",
     )
     group.add_argument("--no_group_by_length", dest="group_by_length", action="store_false",
-                       help="Draw every training batch at random instead.")
+                       help="Draw every training batch at random (the default; overrides a config file).")
     group.add_argument(
         "--ignore_mismatched_sizes", action="store_true",
         help="Start from a checkpoint whose task head has another number of labels (that head is re-initialised).",
@@ -147,7 +148,8 @@ def make_dataloaders(args, accelerator: Accelerator, train_rows: list[dict], eva
     if args.group_by_length:
         # accelerate deals the per-process batches out in turn: one global batch is `processes` consecutive ones.
         global_batch = args.per_device_train_batch_size * accelerator.num_processes
-        order = {"sampler": LengthGroupedSampler([len(row["input_ids"]) for row in train_rows], global_batch, args.seed)}
+        lengths = [len(row["input_ids"]) for row in train_rows]
+        order = {"sampler": LengthGroupedSampler(lengths, global_batch, args.seed)}
     else:
         order = {"shuffle": True, "generator": torch.Generator().manual_seed(args.seed)}
     train = torch.utils.data.DataLoader(
