@@ -271,11 +271,12 @@ def in_process_ner(conll, tmp_path, *common):
 
 
 @pytest.mark.slow
-def test_a_resumed_fine_tuning_run_ends_with_the_weights_of_an_uninterrupted_one(conll, tmp_path, one_thread):
+@pytest.mark.parametrize("batching", ["--no_group_by_length", "--group_by_length"])
+def test_a_resumed_fine_tuning_run_ends_with_the_weights_of_an_uninterrupted_one(conll, tmp_path, one_thread, batching):
     """In-process runs (no launcher): six steps straight, against one step, a checkpoint, then a resumed five; with
-    dropout on, so the per-step seeds and the data order must both be restored."""
+    dropout on, so the per-step seeds and the data order (random or length-grouped batches) must both be restored."""
     run = in_process_ner(conll, tmp_path, "--max_eval_samples", 16, "--hidden_dropout_prob", 0.1,
-                         "--max_train_steps", 6, "--checkpointing_steps", 3)
+                         "--max_train_steps", 6, "--checkpointing_steps", 3, batching)
     run("--output_dir", tmp_path / "straight")
     run("--output_dir", tmp_path / "resumed", "--max_train_minutes", 0)
     assert json.loads((tmp_path / "resumed" / "all_results.json").read_text())["train_steps"] == 1
