@@ -9,7 +9,8 @@ of random token pairs (`a a b b c c ...`), 15% of positions replaced by [MASK], 
 half of its pair. Chance is a loss of ln(V); a model that has found its neighbour goes to 0. Every model trains on
 the same batches from the same seed with AdamW at 1e-3; we report the step at which the mean training loss over the
 last 50 steps first falls below half of ln(V). The models: sinebert with the cram recipe's full attention, sinebert
-with a sliding window in every layer, and Hugging Face's BertForMaskedLM (SDPA) of the same size.
+with a sliding window in every layer, sinebert with mimetic attention initialisation (`attention_init="mimetic"`, the
+cram's pretraining), and Hugging Face's BertForMaskedLM (SDPA) of the same size.
 
 Writes benchmarks/results/plateau.{json,md}.
 """
@@ -34,6 +35,9 @@ MODELS = {
     "sinebert, full attention": lambda: SineBertForMaskedLM(SineBertConfig(**SIZE, **CRAM)),
     "sinebert, local w=4 in every layer": lambda: SineBertForMaskedLM(SineBertConfig(**SIZE, **CRAM, sliding_window=4)),
     "sinebert, local w=8 in every layer": lambda: SineBertForMaskedLM(SineBertConfig(**SIZE, **CRAM, sliding_window=8)),
+    "sinebert, full attention, mimetic init": lambda: SineBertForMaskedLM(
+        SineBertConfig(**SIZE, **CRAM, attention_init="mimetic")
+    ),
     "Hugging Face BERT (SDPA)": lambda: BertForMaskedLM(
         BertConfig(**SIZE, max_position_embeddings=LENGTH, attn_implementation="sdpa")
     ),

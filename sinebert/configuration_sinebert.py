@@ -17,6 +17,7 @@ SINEBERT_AUTO_MAP = {
 }
 
 NORM_PLACEMENTS = ("post", "pre")
+ATTENTION_INITS = ("normal", "mimetic")
 CLASSIFIER_POOLINGS = ("cls", "mean")
 
 
@@ -55,6 +56,13 @@ class SineBertConfig(PreTrainedConfig):
         scale_embeddings (`bool`, defaults to `False`): Multiply word embeddings by sqrt(hidden_size) before
             adding positions, as in the original Transformer, so that the sinusoids (entries in [-1, 1]) do not
             drown the small initial word embeddings.
+        attention_init (`str`, defaults to `"normal"`): How a model trained from scratch initialises its attention
+            projections. `"normal"` draws them like every other weight (normal, `initializer_range`); `"mimetic"`
+            sets, in each layer, every head's query-key product W_q W_k^T to the rank-head_dim part of 0.7 Z + 0.7 I
+            and the value-output product W_v W_o to 0.4 Z - 0.4 I, each Z a random matrix of N(0, 1/hidden_size)
+            entries (Trockman and Kolter, 2023, "Mimetic Initialization of Self-Attention Layers"). Tokens then start by attending to
+            tokens like themselves, and with sinusoidal positions to their neighbours, which is where a short MLM
+            run otherwise spends most of its steps. Weights loaded from a checkpoint are never reinitialised.
         sparse_prediction (`bool`, defaults to `False`): When `SineBertForMaskedLM` gets `labels`, project only
             the positions whose label is not -100 onto the vocabulary and return logits of shape
             `(num_masked, vocab_size)`. The loss is the same; the work of the decoder shrinks by the masking
@@ -92,6 +100,7 @@ class SineBertConfig(PreTrainedConfig):
     norm_placement: Literal["post", "pre"] = "post"
     classifier_pooling: Literal["cls", "mean"] = "cls"
     scale_embeddings: bool = False
+    attention_init: Literal["normal", "mimetic"] = "normal"
     sparse_prediction: bool = False
     sliding_window: int | None = None
     global_attn_every_n_layers: int | None = None
@@ -124,6 +133,8 @@ class SineBertConfig(PreTrainedConfig):
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}.")
         if self.norm_placement not in NORM_PLACEMENTS:
             raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {self.norm_placement!r}.")
+        if self.attention_init not in ATTENTION_INITS:
+            raise ValueError(f"attention_init must be one of {ATTENTION_INITS}, got {self.attention_init!r}.")
         if self.classifier_pooling not in CLASSIFIER_POOLINGS:
             raise ValueError(
                 f"classifier_pooling must be one of {CLASSIFIER_POOLINGS}, got {self.classifier_pooling!r}."

@@ -416,6 +416,51 @@ class SineBertPreTrainedModel(PreTrainedModel):
             positions = torch.arange(module.position_table.shape[0], device=module.position_table.device)
             init.copy_(module.position_table, sinusoidal_encoding(positions, self.config.hidden_size))
 
+    @torch.no_grad()
+    def initialize_weights(self):
+        # After the per-module init: the mimetic init spans two Linear children of an attention module, and
+        # transformers skips `_init_weights` for modules of custom code that own no parameters themselves.
+        super().initialize_weights()
+        if self.config.attention_init != "mimetic":
+            return
+        for attention in (m for m in self.modules() if isinstance(m, SineBertAttention)):
+            projections = (attention.qkv_proj, attention.out_proj)
+            if all(getattr(p.weight, "_is_hf_initialized", False) for p in projections):
+                continue  # loaded from a checkpoint: no SVDs, no change
+            qkv, out = mimetic_attention_weights(self.config.hidden_size, self.config.num_attention_heads)
+            for projection, weight in zip(projections, (qkv, out)):
+                init.copy_(projection.weight, weight)  # init.* leave loaded tensors alone
+                init.zeros_(projection.bias)
+
+
+# Trockman and Kolter (2023): the query-key and value-output products of attention layers of trained transformers
+# look like a positive (QK) or negative (VO) multiple of the identity plus noise; starting there saves the steps a
+# random initialisation needs to find it. (alpha, beta) of each product, the paper's values.
+MIMETIC_QUERY_KEY = (0.7, 0.7)
+MIMETIC_VALUE_OUT = (0.4, -0.4)
+
+
+def _low_rank_factors(alpha: float, beta: float, dim: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A, B of shape `(rank, dim)` with A^T B the best rank-`rank` approximation of alpha * Z + beta * I, Z with
+    N(0, 1/dim) entries (from torch's global generator, so torch.manual_seed makes it reproducible)."""
+    target = alpha * torch.randn(dim, dim) / math.sqrt(dim) + beta * torch.eye(dim)
+    left, singular, right_t = torch.linalg.svd(target)
+    root = singular[:rank].sqrt()
+    return (left[:, :rank] * root).T, root[:, None] * right_t[:rank]
+
+
+def mimetic_attention_weights(hidden_size: int, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mimetic initial weights of one attention layer: the fused QKV projection's `(3 * hidden, hidden)` and the
+    output projection's `(hidden, hidden)`. nn.Linear computes x W^T, so head h's attention logits are
+    x W_q,h^T W_k,h x'^T: each head gets its own rank-`head_dim` factors of a query-key target, and the value and
+    output projections (all heads together) the full-rank factors of a value-output target."""
+    head_dim = hidden_size // num_heads
+    query_key = [_low_rank_factors(*MIMETIC_QUERY_KEY, hidden_size, head_dim) for _ in range(num_heads)]
+    value, out_t = _low_rank_factors(*MIMETIC_VALUE_OUT, hidden_size, hidden_size)
+    query = torch.cat([q for q, _ in query_key])  # (hidden, hidden): heads stacked as the QKV view splits them
+    key = torch.cat([k for _, k in query_key])
+    return torch.cat([query, key, value]), out_t.T
+
 
 def _padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """`(batch, seq)` 1/0 padding mask -> boolean `(batch, 1, 1, seq)`, or None when nothing is padded (which

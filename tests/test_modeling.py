@@ -326,6 +326,7 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
         (dict(classifier_dropout=1.5), "1.5"),
         (dict(norm_placement="middle"), "middle"),
         (dict(classifier_pooling="max"), "max"),
+        (dict(attention_init="identity"), "identity"),
         (dict(hidden_act="swishy"), "swishy"),
         (dict(num_hidden_layers=0), "num_hidden_layers"),
         (dict(vocab_size=-5), "-5"),
@@ -336,6 +337,50 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
 def test_invalid_configurations_raise(overrides, shown):
     with pytest.raises(ValueError, match=shown):
         tiny_config(**overrides)
+
+
+def _query_key_and_value_out(attention: SineBertAttention) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per head W_q^T W_k `(hidden, hidden)` (the logits are x W_q^T W_k x'^T), and W_v^T W_o^T of all heads."""
+    hidden, heads = attention.out_proj.in_features, attention.num_heads
+    query, key, value = attention.qkv_proj.weight.detach().split(hidden)
+    head_rows = [slice(h * hidden // heads, (h + 1) * hidden // heads) for h in range(heads)]
+    return [query[r].T @ key[r] for r in head_rows], value.T @ attention.out_proj.weight.detach().T
+
+
+def test_mimetic_init_makes_attention_start_near_the_identity():
+    torch.manual_seed(0)
+    config = tiny_config(hidden_size=64, num_attention_heads=4, attention_init="mimetic")
+    model = SineBertForMaskedLM(config)
+    for layer in model.base_model.layers:
+        query_key, value_out = _query_key_and_value_out(layer.attention)
+        for product in query_key:  # rank-16 part of 0.7 Z + 0.7 I: a positive diagonal over small off-diagonal terms
+            off_diagonal = product - product.diagonal().diag()
+            assert product.diagonal().mean() > 0.2 > 2 * off_diagonal.std()
+        # full rank: exactly 0.4 Z - 0.4 I, Z of 1/hidden variance
+        assert value_out.diagonal().mean() == pytest.approx(-0.4, abs=0.05)
+        assert (value_out + 0.4 * torch.eye(64)).std() == pytest.approx(0.4 / 8, rel=0.1)
+        assert not layer.attention.qkv_proj.bias.any() and not layer.attention.out_proj.bias.any()
+    normal = SineBertForMaskedLM(tiny_config(hidden_size=64, num_attention_heads=4))
+    query_key, value_out = _query_key_and_value_out(normal.base_model.layers[0].attention)
+    assert abs(value_out.diagonal().mean()) < 0.01 and all(abs(p.diagonal().mean()) < 0.01 for p in query_key)
+    torch.manual_seed(0)
+    again = SineBertForMaskedLM(config)
+    assert torch.equal(again.base_model.layers[1].attention.out_proj.weight,
+                       model.base_model.layers[1].attention.out_proj.weight)
+
+
+def test_mimetic_checkpoint_loads_unchanged_under_every_head(tmp_path):
+    """Loading never reinitialises the attention weights it reads, whichever head the checkpoint is loaded under."""
+    torch.manual_seed(0)
+    model = SineBertForMaskedLM(tiny_config(attention_init="mimetic"))
+    with torch.no_grad():  # weights no initialisation could produce
+        for parameter in model.parameters():
+            parameter.add_(0.5)
+    model.save_pretrained(tmp_path)
+    for cls in ALL_HEADS:
+        loaded = cls.from_pretrained(tmp_path)
+        for name, value in loaded.base_model.state_dict().items():
+            assert torch.equal(value, model.base_model.state_dict()[name]), (cls.__name__, name)
 
 
 def test_out_of_range_token_ids_get_a_clear_error():

@@ -9,7 +9,7 @@ from .arguments import read_config_file
 from .errors import UserError
 
 SIZE_FLAGS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "norm_placement",
-              "scale_embeddings", "hidden_act")
+              "scale_embeddings", "hidden_act", "attention_init")
 # Dropout is a training choice, not part of what a checkpoint learned: it applies over a checkpoint as well (the CPU
 # cram pretrains without dropout and fine-tunes with it).
 DROPOUT_FLAGS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
@@ -28,6 +28,8 @@ def add_size_arguments(parser):
     group.add_argument("--norm_placement", choices=("post", "pre"))
     group.add_argument("--hidden_act")
     group.add_argument("--scale_embeddings", action="store_true", default=None)
+    group.add_argument("--attention_init", choices=("normal", "mimetic"),
+                       help="mimetic: attention starts by attending to similar and nearby tokens (SineBertConfig).")
     group = parser.add_argument_group("dropout and attention layout (from scratch or over a checkpoint)")
     group.add_argument("--hidden_dropout_prob", type=float)
     group.add_argument("--attention_probs_dropout_prob", type=float)
