@@ -134,14 +134,14 @@ def test_every_stage_config_is_a_valid_argument_file_of_its_script():
     for script, config, minutes, steps, grouped in recipes:
         args = load_script(script).parse_args(["--config_file", str(cram.CONFIGS / config), *required])
         assert (args.max_train_minutes, args.max_train_steps, args.group_by_length) == (minutes, steps, grouped), config
-    # The 20 minutes of pretraining go to the word embeddings; the MLM stage only builds the checkpoint.
+    # The 20 minutes of pretraining: 5 for the word embeddings, 15 for MLM from them, scheduled by time.
     embeddings = load_script("train_word_embeddings").parse_args(
         ["--config_file", str(cram.CONFIGS / "embeddings.yaml"), "--tokenizer_name", "t", *required])
-    assert embeddings.max_train_minutes == 20 and embeddings.embedding_size == 256
+    assert embeddings.max_train_minutes == 5 and embeddings.embedding_size == 256
     pretrain = load_script("pretrain").parse_args(["--config_file", str(cram.CONFIGS / "pretrain.yaml"), *required])
     assert (pretrain.hidden_size, pretrain.num_hidden_layers, pretrain.num_attention_heads,
             pretrain.intermediate_size) == (256, 4, 4, 1024)
-    assert pretrain.max_train_steps == 0
+    assert (pretrain.max_train_minutes, pretrain.max_train_steps, pretrain.attention_init) == (15, None, "mimetic")
     tokenizer = load_script("train_tokenizer").parse_args(["--config_file", str(cram.CONFIGS / "tokenizer.yaml"),
                                                            *required])
     assert tokenizer.vocab_size == 16000 and tokenizer.lowercase
@@ -150,8 +150,8 @@ def test_every_stage_config_is_a_valid_argument_file_of_its_script():
 def test_budget_minutes_come_from_the_command_line_else_the_config():
     assert cram_report.budget_minutes(["x", "--max_train_minutes", "9", "--max_train_minutes", "0.5"], "sst2") == 0.5
     assert cram_report.budget_minutes(["x"], "conll2003-scratch") == 8.0
-    assert cram_report.budget_minutes(["x"], "embeddings") == 20.0
-    assert cram_report.budget_minutes(["x"], "pretrain") is None  # steps, not minutes
+    assert cram_report.budget_minutes(["x"], "embeddings") == 5.0
+    assert cram_report.budget_minutes(["x"], "pretrain") == 15.0
 
 
 def test_unknown_stage_and_missing_shared_data_are_one_sentence(tmp_path, capsys, shared_data):
@@ -206,8 +206,8 @@ def test_quick_cram_end_to_end_then_reused(tmp_path, shared_data, sotu_cache):
 
     results = json.loads((output / "results" / "cram.json").read_text())
     assert results["embeddings"]["epochs"] > 0 and results["embeddings"]["train_steps"] >= 1
-    pretraining = results["pretraining"]  # no MLM steps: the checkpoint is the CBOW embeddings and random layers
-    assert pretraining["train_steps"] == 0 and 1.0 < pretraining["eval_perplexity"] < 1000 * 1.5
+    pretraining = results["pretraining"]
+    assert pretraining["train_steps"] >= 1 and 1.0 < pretraining["eval_perplexity"] < 1000 * 1.5
     assert math.isclose(math.log(pretraining["eval_perplexity"]), pretraining["eval_loss"], rel_tol=1e-3)
     for start in cram.STARTS:
         scores = results["sinebert"][start]
@@ -229,6 +229,9 @@ def test_quick_cram_end_to_end_then_reused(tmp_path, shared_data, sotu_cache):
     assert json.loads((output / "data" / "data.json").read_text())["limits"]["pretrain_lines"] == 400
     vocabulary = json.loads((output / "pretrain" / "config.json").read_text())["vocab_size"]
     assert vocabulary <= 1000  # the quick override won over configs/cram/tokenizer.yaml
+    # Pretraining starts from mimetic attention; the from-scratch arm keeps the standard initialisation.
+    for name, init in (("pretrain", "mimetic"), ("sst2-pretrained", "mimetic"), ("sst2-scratch", "normal")):
+        assert json.loads((output / name / "config.json").read_text())["attention_init"] == init, name
 
     again = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
