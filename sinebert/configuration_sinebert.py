@@ -60,9 +60,10 @@ class SineBertConfig(PreTrainedConfig):
             projections. `"normal"` draws them like every other weight (normal, `initializer_range`); `"mimetic"`
             sets, in each layer, every head's query-key product W_q W_k^T to the rank-head_dim part of 0.7 Z + 0.7 I
             and the value-output product W_v W_o to 0.4 Z - 0.4 I, each Z a random matrix of N(0, 1/hidden_size)
-            entries (Trockman and Kolter, 2023, "Mimetic Initialization of Self-Attention Layers"). Tokens then start by attending to
-            tokens like themselves, and with sinusoidal positions to their neighbours, which is where a short MLM
-            run otherwise spends most of its steps. Weights loaded from a checkpoint are never reinitialised.
+            entries (Trockman and Kolter, 2023, "Mimetic Initialization of Self-Attention Layers"). Tokens then
+            start by attending to tokens like themselves, and with sinusoidal positions to their neighbours, which
+            is where a short MLM run otherwise spends most of its steps. Weights loaded from a checkpoint are never
+            reinitialised.
         sparse_prediction (`bool`, defaults to `False`): When `SineBertForMaskedLM` gets `labels`, project only
             the positions whose label is not -100 onto the vocabulary and return logits of shape
             `(num_masked, vocab_size)`. The loss is the same; the work of the decoder shrinks by the masking

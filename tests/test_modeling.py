@@ -377,10 +377,11 @@ def test_mimetic_checkpoint_loads_unchanged_under_every_head(tmp_path):
         for parameter in model.parameters():
             parameter.add_(0.5)
     model.save_pretrained(tmp_path)
+    saved = model.base_model.state_dict()
     for cls in ALL_HEADS:
         loaded = cls.from_pretrained(tmp_path)
         for name, value in loaded.base_model.state_dict().items():
-            assert torch.equal(value, model.base_model.state_dict()[name]), (cls.__name__, name)
+            assert torch.equal(value, saved[name]), (cls.__name__, name)
 
 
 def test_out_of_range_token_ids_get_a_clear_error():

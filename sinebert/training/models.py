@@ -4,7 +4,7 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer
 
-from ..configuration_sinebert import SineBertConfig
+from ..configuration_sinebert import ATTENTION_INITS, NORM_PLACEMENTS, SineBertConfig
 from .arguments import read_config_file
 from .errors import UserError
 
@@ -25,10 +25,10 @@ def add_size_arguments(parser):
     group.add_argument("--num_hidden_layers", type=int)
     group.add_argument("--num_attention_heads", type=int)
     group.add_argument("--intermediate_size", type=int)
-    group.add_argument("--norm_placement", choices=("post", "pre"))
+    group.add_argument("--norm_placement", choices=NORM_PLACEMENTS)
     group.add_argument("--hidden_act")
     group.add_argument("--scale_embeddings", action="store_true", default=None)
-    group.add_argument("--attention_init", choices=("normal", "mimetic"),
+    group.add_argument("--attention_init", choices=ATTENTION_INITS,
                        help="mimetic: attention starts by attending to similar and nearby tokens (SineBertConfig).")
     group = parser.add_argument_group("dropout and attention layout (from scratch or over a checkpoint)")
     group.add_argument("--hidden_dropout_prob", type=float)
