@@ -182,6 +182,20 @@ def test_kept_stages_are_reused_although_a_stage_they_need_reran(tmp_path, capsy
     assert "kept" not in json.loads((tmp_path / "stages.json").read_text())["second"]  # it ran again
 
 
+def test_a_stage_older_than_a_stage_it_needs_reruns(tmp_path):
+    calls = []
+    runner(tmp_path).run(fake_stages(calls, tmp_path))
+    ledger = json.loads((tmp_path / "stages.json").read_text())
+    ledger["second"]["finished"] = "2000-01-01 00:00:00"  # "first" reran after it, and the run stopped there
+    (tmp_path / "stages.json").write_text(json.dumps(ledger))
+    calls.clear()
+    runner(tmp_path).run(fake_stages(calls, tmp_path))
+    assert calls == [("second", False)]
+    calls.clear()
+    runner(tmp_path).run(fake_stages(calls, tmp_path))
+    assert calls == []
+
+
 def test_an_interrupted_training_stage_resumes_from_its_checkpoint(tmp_path):
     calls = []
     stages = fake_stages(calls, tmp_path)

@@ -216,6 +216,14 @@ class Ledger:
                                         finished=time.strftime("%Y-%m-%d %H:%M:%S"))
         self._save()
 
+    def outdated(self, stage: Stage) -> bool:
+        """Whether a finished stage is older than a stage it needs: a run stopped after rerunning the one and before
+        the other. A stage kept on purpose (`Runner.run(keep=...)`) is not outdated."""
+        entry = self.entries.get(stage.name, {})
+        if "finished" not in entry or entry.get("kept"):
+            return False
+        return any(self.entries.get(name, {}).get("finished", "") > entry["finished"] for name in stage.needs)
+
     def mark_kept(self, stage: Stage):
         self.entries[stage.name]["kept"] = True
         self._save()
@@ -270,7 +278,7 @@ class Runner:
         unchanged); the ledger marks them."""
         rerun: set[str] = set()
         for index, stage in enumerate(stages, 1):
-            forced = any(name in rerun for name in stage.needs)
+            forced = self.ledger.outdated(stage) or any(name in rerun for name in stage.needs)
             if forced and stage.name in keep and self.ledger.is_done(stage):
                 forced = False
                 self.ledger.mark_kept(stage)
