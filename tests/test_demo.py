@@ -328,6 +328,10 @@ def test_smoke_demo_end_to_end_then_reused(tmp_path, wheel_cache):
         assert 0.0 <= evaluation[key]["f1"] <= 1.0 and evaluation[key]["examples"] > 0
     pretrain = json.loads((output / "pretrain" / "all_results.json").read_text())
     assert pretrain["train_tokens_per_second"] > 0 and pretrain["eval_loss"] < 8.0
+    # Pretraining starts from mimetic attention; the from-scratch arm keeps the standard initialisation.
+    for name, init in (("pretrain", "mimetic"), ("classification-pretrained", "mimetic"),
+                       ("classification-scratch", "normal"), ("ner-scratch", "normal")):
+        assert json.loads((output / name / "config.json").read_text())["attention_init"] == init, name
     assert json.loads((output / "data" / "sources.json").read_text())["wnut16"]["license"].startswith("package MIT")
     served = [line for line in result.stdout.splitlines() if line.startswith("pipeline(")]
     assert [line.split('"')[1] for line in served] == ["fill-mask", "text-classification", "token-classification"]
