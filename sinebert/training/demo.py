@@ -449,7 +449,8 @@ def finetune_args(plan: Plan, paths: Paths, hardware: Hardware, task: str, start
     if task == "classification":
         args += ["--eval_steps", "100"]
     # From scratch: the same architecture and tokenizer as the pretrained model, random weights with the standard
-    # initialisation (from random weights it fine-tunes better than the mimetic one; README "Quality at a fixed budget").
+    # initialisation (from random weights it fine-tunes better than the mimetic one: README, "Quality at a fixed
+    # budget").
     if start == "pretrained":
         args += ["--model_name_or_path", str(paths.pretrain)]
     else:
