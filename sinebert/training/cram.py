@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cram_data, cram_report
-from .demo import ROOT, SCRIPTS, Hardware, Runner, Stage, _signature, detect_hardware, free_port
+from .demo import ROOT, SCRIPTS, Hardware, Runner, Stage, _signature, detect_hardware, free_port, start_args
 from .arguments import read_config_file
 from .errors import UserError
 
@@ -191,14 +191,8 @@ def finetune_stage(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch,
                    start: str) -> Stage:
     script, config_name, title = TASKS[task]
     config = config_file(config_name)
-    # From scratch: the pretrained model's architecture and tokenizer, random weights; everything else the same. The
-    # standard initialisation: from random weights it fine-tunes better than the mimetic one pretraining starts from
-    # (3-minute CoNLL-2003 probes, README "Quality at a fixed budget").
-    origin = (["--model_name_or_path", str(paths.pretrain)] if start == "pretrained" else
-              ["--config_name", str(paths.pretrain), "--tokenizer_name", str(paths.pretrain),
-               "--attention_init", "normal"])
     command = launch.command(script) + [
-        "--config_file", str(config), *task_files(task, shared, paths), *origin,
+        "--config_file", str(config), *task_files(task, shared, paths), *start_args(start, paths.pretrain),
         "--output_dir", str(paths.finetuned(task, start)), *plan.overrides.get(task, []),
     ]
     what = "from the pretrained checkpoint" if start == "pretrained" else "from random initialisation"

@@ -448,15 +448,16 @@ def finetune_args(plan: Plan, paths: Paths, hardware: Hardware, task: str, start
     args += ["--max_length", str(plan.max_lengths[task])]
     if task == "classification":
         args += ["--eval_steps", "100"]
-    # From scratch: the same architecture and tokenizer as the pretrained model, random weights with the standard
-    # initialisation (from random weights it fine-tunes better than the mimetic one: README, "Quality at a fixed
-    # budget").
+    return args + start_args(start, paths.pretrain)
+
+
+def start_args(start: str, checkpoint: Path) -> list[str]:
+    """Where a fine-tuning run starts: "pretrained" from `checkpoint`; "scratch" from random weights with the
+    checkpoint's architecture and tokenizer and the standard initialisation (from random weights it fine-tunes better
+    than the mimetic one pretraining starts from: README, "Quality at a fixed budget")."""
     if start == "pretrained":
-        args += ["--model_name_or_path", str(paths.pretrain)]
-    else:
-        args += ["--config_name", str(paths.pretrain), "--tokenizer_name", str(paths.pretrain),
-                 "--attention_init", "normal"]
-    return args
+        return ["--model_name_or_path", str(checkpoint)]
+    return ["--config_name", str(checkpoint), "--tokenizer_name", str(checkpoint), "--attention_init", "normal"]
 
 
 # ----- entry point -----
