@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -145,6 +146,22 @@ def test_every_stage_config_is_a_valid_argument_file_of_its_script():
     tokenizer = load_script("train_tokenizer").parse_args(["--config_file", str(cram.CONFIGS / "tokenizer.yaml"),
                                                            *required])
     assert tokenizer.vocab_size == 16000 and tokenizer.lowercase
+
+
+def test_a_config_comment_keeps_a_stage_and_a_changed_setting_reruns_it(tmp_path):
+    """A finished stage is reused while its signature is unchanged: editing a recipe's comments must not rerun a
+    20-minute stage, changing one of its settings must."""
+    config = tmp_path / "stage.yaml"
+
+    def signature(text: str) -> list[str]:
+        config.write_text(text)
+        stage = cram.script_stage(SimpleNamespace(script=None), "stage", "a stage", ["python", "stage.py"], config,
+                                  tmp_path, needs=(), resumable=False)
+        return stage.signature
+
+    first = signature("learning_rate: 1.0e-3\nseed: 42\n")
+    assert signature("# probed: 1e-3 beat 2e-3\nseed: 42\nlearning_rate: 0.001  # why\n") == first
+    assert signature("learning_rate: 2.0e-3\nseed: 42\n") != first
 
 
 def test_budget_minutes_come_from_the_command_line_else_the_config():

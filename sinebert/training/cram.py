@@ -136,9 +136,11 @@ def config_file(name: str) -> Path:
 
 def script_stage(runner: Runner, name: str, title: str, command: list[str], config: Path, output: Path,
                  needs: tuple[str, ...], resumable: bool) -> Stage:
-    """A stage running `command`; its signature also holds the config file's SHA-256, so an edited recipe reruns it."""
-    digest = hashlib.sha256(config.read_bytes()).hexdigest()
-    return Stage(name, title, runner.script, signature=[*_signature(command), f"config sha256 {digest}"],
+    """A stage running `command`; its signature also holds a digest of the config file's settings, so a changed
+    recipe reruns it and an edited comment does not."""
+    settings = json.dumps(read_config_file(str(config)), sort_keys=True)
+    digest = hashlib.sha256(settings.encode()).hexdigest()
+    return Stage(name, title, runner.script, signature=[*_signature(command), f"config settings sha256 {digest}"],
                  outputs=[output / "all_results.json"], needs=needs, command=command, output_dir=output,
                  resumable=resumable)
 
