@@ -68,8 +68,7 @@ SMALL = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, interm
 PLANS = {
     "smoke": Plan(
         mode="smoke", limits=DataLimits(speeches=4, movies=60, tweets=160), vocab_size=800,
-        model=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                   norm_placement="pre", scale_embeddings=True, attention_init="mimetic"),
+        model=dict(SMALL, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
         pretrain_budget={"max_train_steps": 16}, pretrain_batch=16, pretrain_learning_rate=1e-3, in_domain_repeats=1,
         classification_epochs=1, ner_epochs=2, finetune_learning_rate=5e-4, seq_length=64, eval_blocks=16,
         eval_every=8, checkpoint_every=8,
