@@ -1,6 +1,6 @@
 """`make cram`: sinebert's quality on a fixed CPU budget ("CPU cram"), end to end with one command.
 
-data -> 16k WordPiece tokenizer -> 20 minutes of pretraining (5 of CBOW word embeddings, then 15 of MLM from them,
+data -> 16k WordPiece tokenizer -> 20 minutes of pretraining (2 of CBOW word embeddings, then 18 of MLM from them,
 with mimetic attention initialisation) -> fine-tuning on SST-2 (17 minutes), CoNLL-2003 (8 minutes) and
 squad_train (13 minutes), each from the pretrained checkpoint and from random initialisation -> CoNLL-2003 test
 scoring -> results table (JSON and markdown) with every stage's wall time.
