@@ -40,6 +40,17 @@ def test_trains_on_globbed_text_files_and_reloads(corpus, tmp_path):
     assert tokenizer.decode(tokenizer("The Movie")["input_ids"], skip_special_tokens=True) == "the movie"
 
 
+def test_training_twice_on_the_same_text_gives_the_same_ids(sst2_sentences):
+    """The WordPiece trainer numbers its '##' pieces in hash-map order; without renumbering, each of these trainings
+    gave other ids to the same tokens, and a model is only valid with the ids it was trained with."""
+    from sinebert.training.tokenizer import SPECIAL_TOKENS, train_wordpiece
+
+    saved = {train_wordpiece(sst2_sentences[:3000], vocab_size=700).backend_tokenizer.to_str() for _ in range(4)}
+    assert len(saved) == 1
+    tokenizer = train_wordpiece(sst2_sentences[:3000], vocab_size=700)
+    assert tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS.values())) == [0, 1, 2, 3, 4]
+
+
 def test_pairs_get_segment_ids(corpus, tmp_path):
     run_script("--train_file", corpus / "part1.txt", "--vocab_size", 500, "--output_dir", tmp_path / "tok")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
