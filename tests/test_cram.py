@@ -167,8 +167,8 @@ def test_a_config_comment_keeps_a_stage_and_a_changed_setting_reruns_it(tmp_path
 def test_budget_minutes_come_from_the_command_line_else_the_config():
     assert cram_report.budget_minutes(["x", "--max_train_minutes", "9", "--max_train_minutes", "0.5"], "sst2") == 0.5
     assert cram_report.budget_minutes(["x"], "conll2003-scratch") == 8.0
-    assert cram_report.budget_minutes(["x"], "embeddings") == 5.0
-    assert cram_report.budget_minutes(["x"], "pretrain") == 15.0
+    assert cram_report.budget_minutes(["x"], "embeddings") == 2.0
+    assert cram_report.budget_minutes(["x"], "pretrain") == 18.0
 
 
 def test_unknown_stage_and_missing_shared_data_are_one_sentence(tmp_path, capsys, shared_data):
