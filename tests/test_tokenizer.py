@@ -7,6 +7,7 @@ import sys
 import pytest
 from transformers import AutoTokenizer
 
+from sinebert.training.tokenizer import SPECIAL_TOKENS, train_wordpiece
 from tests.conftest import ROOT, load_script, user_error
 
 train_tokenizer = load_script("train_tokenizer")
@@ -43,12 +44,9 @@ def test_trains_on_globbed_text_files_and_reloads(corpus, tmp_path):
 def test_training_twice_on_the_same_text_gives_the_same_ids(sst2_sentences):
     """The WordPiece trainer numbers its '##' pieces in hash-map order; without renumbering, each of these trainings
     gave other ids to the same tokens, and a model is only valid with the ids it was trained with."""
-    from sinebert.training.tokenizer import SPECIAL_TOKENS, train_wordpiece
-
-    saved = {train_wordpiece(sst2_sentences[:3000], vocab_size=700).backend_tokenizer.to_str() for _ in range(4)}
-    assert len(saved) == 1
-    tokenizer = train_wordpiece(sst2_sentences[:3000], vocab_size=700)
-    assert tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS.values())) == [0, 1, 2, 3, 4]
+    tokenizers = [train_wordpiece(sst2_sentences[:3000], vocab_size=700) for _ in range(4)]
+    assert len({tokenizer.backend_tokenizer.to_str() for tokenizer in tokenizers}) == 1
+    assert tokenizers[0].convert_tokens_to_ids(list(SPECIAL_TOKENS.values())) == [0, 1, 2, 3, 4]
 
 
 def test_pairs_get_segment_ids(corpus, tmp_path):
