@@ -45,7 +45,7 @@ def train_wordpiece(
         vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(special_tokens.values())
     )
     tokenizer.train_from_iterator(_non_empty(texts), trainer=trainer)
-    tokenizer.model = _renumbered(tokenizer.get_vocab(), list(special_tokens.values()), special_tokens["unk_token"])
+    tokenizer.model = _renumbered(tokenizer.get_vocab(), special_tokens)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0",
         pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
@@ -59,7 +59,7 @@ def train_wordpiece(
     )
 
 
-def _renumbered(vocab: dict[str, int], special_tokens: list[str], unk_token: str) -> models.WordPiece:
+def _renumbered(vocab: dict[str, int], special_tokens: dict[str, str]) -> models.WordPiece:
     """The trained vocabulary with ids that depend only on its tokens: the special tokens first, then the rest in
     sorted order.
 
@@ -68,8 +68,9 @@ def _renumbered(vocab: dict[str, int], special_tokens: list[str], unk_token: str
     3,000 SST-2 sentences). WordPiece splits text by the vocabulary alone (longest match first), so new ids change no
     tokenisation. The same issue says ties in the pair counts can, more rarely, change the vocabulary itself.
     """
-    ordered = special_tokens + sorted(set(vocab) - set(special_tokens))
-    return models.WordPiece({token: i for i, token in enumerate(ordered)}, unk_token=unk_token)
+    specials = list(special_tokens.values())
+    ordered = specials + sorted(set(vocab) - set(specials))
+    return models.WordPiece({token: i for i, token in enumerate(ordered)}, unk_token=special_tokens["unk_token"])
 
 
 def _non_empty(texts: Iterable[str]) -> Iterator[str]:
