@@ -55,6 +55,7 @@ class SineBertEmbeddings(nn.Module):
             nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
         )
         self.embedding_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
+        self.segment_match = nn.Parameter(torch.zeros(config.hidden_size)) if config.cross_segment_match else None
         # A cache, not a weight: non-persistent, and refilled by `_init_weights` because transformers 5 builds
         # models on the meta device, where a table filled in `__init__` would come back empty.
         self.register_buffer(
@@ -86,6 +87,15 @@ class SineBertEmbeddings(nn.Module):
         if inputs_embeds is None:
             _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
             inputs_embeds = self.word_embeddings(input_ids)  # (batch, seq, hidden)
+        if self.segment_match is not None and token_type_ids is not None:
+            if input_ids is None:
+                raise ValueError(
+                    "cross_segment_match finds the tokens a pair shares by their ids; pass input_ids instead of "
+                    "inputs_embeds, or load the model with cross_segment_match=False."
+                )
+            # Added in word-embedding units, so it grows at the pace of the word vectors (x embedding_scale below).
+            matches = cross_segment_matches(input_ids, token_type_ids, self.config.vocab_size)[..., None]  # (b, s, 1)
+            inputs_embeds = inputs_embeds + matches.to(inputs_embeds.dtype) * self.segment_match
         embeddings = inputs_embeds * self.embedding_scale
         embeddings = embeddings + self.position_encoding(position_ids, embeddings.shape[1]).to(embeddings.dtype)
         if self.token_type_embeddings is not None:
@@ -95,6 +105,16 @@ class SineBertEmbeddings(nn.Module):
                 _check_ids(token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size")
                 embeddings = embeddings + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(embeddings))
+
+
+def cross_segment_matches(
+    input_ids: torch.LongTensor, token_type_ids: torch.LongTensor, vocab_size: int
+) -> torch.Tensor:
+    """`(batch, seq)` bool, True where a token's id also occurs in the same row in the other segment (token type 0
+    against the rest). A lookup of sorted keys, O(batch * seq) memory, so long inputs cost no (seq, seq) table."""
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None]  # (batch, 1)
+    keys = (rows * vocab_size + input_ids) * 2 + (token_type_ids != 0)  # (batch, seq)
+    return torch.isin(keys ^ 1, keys)  # the same row and id, the other segment
 
 
 def _check_ids(ids: torch.Tensor, size: int, name: str, config_name: str):
@@ -415,6 +435,8 @@ class SineBertPreTrainedModel(PreTrainedModel):
         if isinstance(module, SineBertEmbeddings):
             positions = torch.arange(module.position_table.shape[0], device=module.position_table.device)
             init.copy_(module.position_table, sinusoidal_encoding(positions, self.config.hidden_size))
+            if module.segment_match is not None:
+                init.zeros_(module.segment_match)  # starts as the model without the feature
 
     @torch.no_grad()
     def initialize_weights(self):

@@ -135,6 +135,7 @@ def test_every_stage_config_is_a_valid_argument_file_of_its_script():
     for script, config, minutes, steps, grouped in recipes:
         args = load_script(script).parse_args(["--config_file", str(cram.CONFIGS / config), *required])
         assert (args.max_train_minutes, args.max_train_steps, args.group_by_length) == (minutes, steps, grouped), config
+        assert args.cross_segment_match is (True if script == "finetune_qa" else None), config
     # The 20 minutes of pretraining: 2 for the word embeddings, 18 for MLM from them, scheduled by time.
     embeddings = load_script("train_word_embeddings").parse_args(
         ["--config_file", str(cram.CONFIGS / "embeddings.yaml"), "--tokenizer_name", "t", *required])

@@ -200,6 +200,7 @@ def test_qa_beats_the_first_words_of_the_context_and_the_pipeline_agrees(squad, 
            "--num_train_epochs", 1, "--max_seq_length", windows["max_seq_len"], "--doc_stride", windows["doc_stride"],
            "--max_answer_length", windows["max_answer_len"], "--output_dir", out)
     results = check_saved_run(out, "eval_predictions.json")
+    assert json.loads((out / "config.json").read_text())["cross_segment_match"]  # the script's default
     predictions = json.loads((out / "eval_predictions.json").read_text())
     questions = read_squad_json(str(squad / "eval.json"))
     references = {q["id"]: q["answers"]["text"] for q in questions}
@@ -218,6 +219,16 @@ def test_qa_beats_the_first_words_of_the_context_and_the_pipeline_agrees(squad, 
     for question in questions[:10]:
         served = qa(question=question["question"], context=question["context"], **windows)
         assert served["answer"] == predictions[question["id"]], question["id"]
+
+
+def test_question_answering_marks_shared_tokens_by_default_and_the_other_tasks_keep_the_checkpoints_choice():
+    required = ["--output_dir", "out", "--train_file", "x.json"]
+    qa = load_script("finetune_qa")
+    assert qa.parse_args(required).cross_segment_match is True
+    assert qa.parse_args([*required, "--no_cross_segment_match"]).cross_segment_match is False
+    classification = load_script("finetune_classification")
+    assert classification.parse_args(required).cross_segment_match is None  # as the checkpoint says
+    assert classification.parse_args([*required, "--cross_segment_match"]).cross_segment_match is True
 
 
 # ----- one clear sentence for unusable data -----

@@ -12,7 +12,7 @@ from sinebert import (
     SineBertForTokenClassification,
     SineBertModel,
 )
-from sinebert.modeling_sinebert import SineBertAttention, _padding_mask, sinusoidal_encoding
+from sinebert.modeling_sinebert import SineBertAttention, _padding_mask, cross_segment_matches, sinusoidal_encoding
 from tests.conftest import tiny_config
 
 ALL_HEADS = [
@@ -382,6 +382,29 @@ def test_mimetic_checkpoint_loads_unchanged_under_every_head(tmp_path):
         loaded = cls.from_pretrained(tmp_path)
         for name, value in loaded.base_model.state_dict().items():
             assert torch.equal(value, saved[name]), (cls.__name__, name)
+
+
+def test_cross_segment_match_marks_shared_tokens_and_starts_as_the_model_without_it(tmp_path):
+    #                      [CLS] q:  a   b   c  [SEP] c:  b   d   a   a  [SEP]
+    ids = torch.tensor([[2, 10, 11, 12, 3, 11, 13, 10, 10, 3]])
+    types = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1, 1]])
+    assert cross_segment_matches(ids, types, 99).tolist() == [[0, 1, 1, 0, 1, 1, 0, 1, 1, 1]]
+    assert not cross_segment_matches(ids, torch.zeros_like(types), 99).any()
+    SineBertForQuestionAnswering(tiny_config()).save_pretrained(tmp_path / "plain")
+    plain = SineBertForQuestionAnswering.from_pretrained(tmp_path / "plain").eval()
+    matched = SineBertForQuestionAnswering.from_pretrained(tmp_path / "plain", cross_segment_match=True).eval()
+    matched.qa_outputs.load_state_dict(plain.qa_outputs.state_dict())
+    pair = {"input_ids": ids, "token_type_ids": types}
+    torch.testing.assert_close(_first_output(matched, pair), _first_output(plain, pair), atol=0, rtol=0)
+    with torch.no_grad():
+        matched.sinebert.embeddings.segment_match.normal_()
+    assert not torch.allclose(_first_output(matched, pair), _first_output(plain, pair))
+    single = {"input_ids": ids}  # no token types: one segment, nothing matches
+    torch.testing.assert_close(_first_output(matched, single), _first_output(plain, single), atol=0, rtol=0)
+    matched.save_pretrained(tmp_path / "matched")
+    loaded = SineBertForQuestionAnswering.from_pretrained(tmp_path / "matched").eval()
+    assert loaded.config.cross_segment_match
+    torch.testing.assert_close(_first_output(loaded, pair), _first_output(matched, pair), atol=0, rtol=0)
 
 
 def test_out_of_range_token_ids_get_a_clear_error():

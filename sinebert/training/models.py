@@ -16,6 +16,8 @@ DROPOUT_FLAGS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 # The attention layout also applies to a pretrained checkpoint: sinusoidal positions let a model pretrained with full
 # attention at 128 tokens be fine-tuned with sliding-window layers on long inputs.
 LAYOUT_FLAGS = ("sliding_window", "global_attn_every_n_layers", "global_attention_positions")
+# Input features that fine-tuning can add to a pretrained checkpoint (their weights start at zero).
+FEATURE_FLAGS = ("cross_segment_match",)
 
 
 def add_size_arguments(parser):
@@ -39,11 +41,15 @@ def add_size_arguments(parser):
     group.add_argument("--global_attn_every_n_layers", type=int, help="With --sliding_window: layers 0, n, 2n... full.")
     group.add_argument("--global_attention_positions", type=int, nargs="+",
                        help="With --sliding_window: positions (e.g. 0 for [CLS]) that attend to and from every token.")
+    group.add_argument("--cross_segment_match", action="store_true", default=None,
+                       help="Mark the tokens of a pair whose id occurs in the other segment (SineBertConfig); on "
+                            "by default in question answering.")
+    group.add_argument("--no_cross_segment_match", dest="cross_segment_match", action="store_false")
 
 
 def checkpoint_overrides(args) -> dict:
     """The config values the dropout and layout flags set; `--sliding_window 0` means full attention everywhere."""
-    values = {k: getattr(args, k) for k in DROPOUT_FLAGS if getattr(args, k, None) is not None}
+    values = {k: getattr(args, k) for k in DROPOUT_FLAGS + FEATURE_FLAGS if getattr(args, k, None) is not None}
     if getattr(args, "sliding_window", None) == 0:
         return values | dict.fromkeys(LAYOUT_FLAGS)
     return values | {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k, None) is not None}
