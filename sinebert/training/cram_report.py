@@ -196,7 +196,7 @@ def markdown(results: dict) -> str:
         *headline_table(results), "",
         "Every score is the final model's (no early stopping, no checkpoint picked by an evaluation; the recipe's "
         "settings were chosen with short probes on SST-2 dev, CoNLL-2003 valid and, for SQuAD's learning rate, "
-        "squad_eval, as squad_train leaves no validation split; see the README). SST-2 is scored "
+        "windows and epochs, squad_eval, as squad_train leaves no validation split; see the README). SST-2 is scored "
         "on dev (the test labels are not public), CoNLL-2003 on test (training watched valid), SQuAD on squad_eval "
         "(articles 38..47 of v1.1 dev). The reference columns were measured on this budget for issue 9.", "",
         *stage_table(results), "",
