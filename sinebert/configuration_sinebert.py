@@ -79,12 +79,12 @@ class SineBertConfig(PreTrainedConfig):
             token attends to in the local layers (Longformer's global attention), e.g. `[0]` for [CLS] so that a
             classifier pooling it sees the whole input. Positions past a sequence's end are skipped for that input.
             Needs `sliding_window`.
-        cross_segment_match (`bool`, defaults to `False`): Add a learned vector (zero at the start) to the embedding
-            of every token whose id also occurs in the other segment of a pair (`token_type_ids` 0 against 1): in
-            question answering, the context tokens that the question uses and the question tokens that the context
-            has. The exact-match feature of DrQA (Chen et al., 2017, "Reading Wikipedia to Answer Open-Domain
-            Questions"), computed from the inputs, so tokenizers and pipelines need nothing new. Inputs without
-            `token_type_ids` are one segment and get no match.
+        cross_segment_match (`bool`, defaults to `False`): Add a learned vector (zero at the start) to the word
+            embedding of every token whose id also occurs in the other segment of a pair (`token_type_ids` 0 against
+            the rest): in question answering, the context tokens that the question uses and the question tokens that
+            the context has. The exact-match feature of DrQA (Chen et al., 2017, "Reading Wikipedia to Answer
+            Open-Domain Questions"), computed from the inputs, so tokenizers and pipelines need nothing new. Inputs
+            without `token_type_ids` are one segment and get no match.
     """
 
     model_type = "sinebert"

@@ -44,11 +44,12 @@ def add_size_arguments(parser):
     group.add_argument("--cross_segment_match", action="store_true", default=None,
                        help="Mark the tokens of a pair whose id occurs in the other segment (SineBertConfig); on "
                             "by default in question answering.")
-    group.add_argument("--no_cross_segment_match", dest="cross_segment_match", action="store_false")
+    group.add_argument("--no_cross_segment_match", dest="cross_segment_match", action="store_false",
+                       help="Leave the mark out (drops it from a checkpoint that has it).")
 
 
 def checkpoint_overrides(args) -> dict:
-    """The config values the dropout and layout flags set; `--sliding_window 0` means full attention everywhere."""
+    """The config values the dropout, feature and layout flags set; `--sliding_window 0` means full attention everywhere."""
     values = {k: getattr(args, k) for k in DROPOUT_FLAGS + FEATURE_FLAGS if getattr(args, k, None) is not None}
     if getattr(args, "sliding_window", None) == 0:
         return values | dict.fromkeys(LAYOUT_FLAGS)
