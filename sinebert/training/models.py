@@ -49,7 +49,8 @@ def add_size_arguments(parser):
 
 
 def checkpoint_overrides(args) -> dict:
-    """The config values the dropout, feature and layout flags set; `--sliding_window 0` means full attention everywhere."""
+    """The config values the dropout, feature and layout flags set; `--sliding_window 0` means full attention
+    everywhere."""
     values = {k: getattr(args, k) for k in DROPOUT_FLAGS + FEATURE_FLAGS if getattr(args, k, None) is not None}
     if getattr(args, "sliding_window", None) == 0:
         return values | dict.fromkeys(LAYOUT_FLAGS)
