@@ -36,6 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--label_all_tokens", action="store_true",
         help="Train every sub-token of a word on its tag, not only the first one.",
     )
+    # Names are capitalised: the model gets the letter case that the lower-cased vocabulary drops.
+    parser.set_defaults(letter_case=True)
     return parse_with_config_file(parser, argv)
 
 

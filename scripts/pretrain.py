@@ -64,7 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--streaming_validation_examples", type=int, default=1000,
         help="With --streaming and no validation data: hold out this many leading examples.",
     )
-    return parse_with_config_file(parser, argv)
+    args = parse_with_config_file(parser, argv)
+    if args.letter_case:
+        # Packing keeps token ids and drops the text that case_ids come from.
+        parser.error("--letter_case is for fine-tuning: pretraining packs token ids without their text. Pretrain "
+                     "without it; fine-tuning adds it (its vectors start at zero).")
+    return args
 
 
 def load_blocks(args, accelerator, tokenizer):

@@ -1,7 +1,7 @@
 """sinebert: a Hugging Face-native encoder with fixed sinusoidal positions.
 
-Importing the package registers `SineBertConfig` and every head with the transformers Auto classes, and the
-`extractive-question-answering` pipeline.
+Importing the package registers `SineBertConfig`, every head and `SineBertTokenizer` with the transformers Auto
+classes, and the `extractive-question-answering` pipeline.
 """
 
 from transformers import (
@@ -11,6 +11,7 @@ from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
+    AutoTokenizer,
 )
 from transformers.pipelines import PIPELINE_REGISTRY
 
@@ -24,6 +25,7 @@ from .modeling_sinebert import (
     SineBertPreTrainedModel,
 )
 from .pipeline_sinebert import ExtractiveQuestionAnsweringPipeline
+from .tokenization_sinebert import SineBertTokenizer
 
 __version__ = "0.1.0"
 
@@ -36,6 +38,7 @@ for _auto, _model in (
     (AutoModelForQuestionAnswering, SineBertForQuestionAnswering),
 ):
     _auto.register(SineBertConfig, _model, exist_ok=True)
+AutoTokenizer.register(SineBertConfig, tokenizer_class=SineBertTokenizer, exist_ok=True)
 
 if "extractive-question-answering" not in PIPELINE_REGISTRY.get_supported_tasks():
     PIPELINE_REGISTRY.register_pipeline(
@@ -54,4 +57,5 @@ __all__ = [
     "SineBertForTokenClassification",
     "SineBertModel",
     "SineBertPreTrainedModel",
+    "SineBertTokenizer",
 ]

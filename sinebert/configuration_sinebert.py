@@ -85,6 +85,11 @@ class SineBertConfig(PreTrainedConfig):
             the context has. The exact-match feature of DrQA (Chen et al., 2017, "Reading Wikipedia to Answer
             Open-Domain Questions"), computed from the inputs, so tokenizers and pipelines need nothing new. Inputs
             without `token_type_ids` are one segment and get no match.
+        letter_case (`bool`, defaults to `False`): Read the letter case of each token's word from the `case_ids`
+            input (0 lower case or no letters, 1 capitalised, 2 all capitals; `SineBertTokenizer` returns them) and
+            add a learned vector per case (zero at the start) to the word embedding. A lower-cased vocabulary loses
+            case, which in English marks most names (Collobert et al., 2011, add it to lower-cased words the same
+            way). The model then needs `case_ids` in every call.
     """
 
     model_type = "sinebert"
@@ -113,6 +118,7 @@ class SineBertConfig(PreTrainedConfig):
     global_attn_every_n_layers: int | None = None
     global_attention_positions: list[int] | None = None
     cross_segment_match: bool = False
+    letter_case: bool = False
 
     def __post_init__(self, **kwargs):
         self._validate()

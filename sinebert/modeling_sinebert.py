@@ -56,6 +56,8 @@ class SineBertEmbeddings(nn.Module):
         )
         self.embedding_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         self.segment_match = nn.Parameter(torch.zeros(config.hidden_size)) if config.cross_segment_match else None
+        # One vector per letter case of `case_ids` (lower, capitalised, all capitals; see tokenization_sinebert).
+        self.case_embeddings = nn.Parameter(torch.zeros(3, config.hidden_size)) if config.letter_case else None
         # A cache, not a weight: non-persistent, and refilled by `_init_weights` because transformers 5 builds
         # models on the meta device, where a table filled in `__init__` would come back empty.
         self.register_buffer(
@@ -83,6 +85,7 @@ class SineBertEmbeddings(nn.Module):
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        case_ids: torch.LongTensor | None = None,
     ) -> torch.Tensor:
         if inputs_embeds is None:
             _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
@@ -96,6 +99,15 @@ class SineBertEmbeddings(nn.Module):
             # Added in word-embedding units, so it grows at the pace of the word vectors (x embedding_scale below).
             matches = cross_segment_matches(input_ids, token_type_ids, self.config.vocab_size)[..., None]  # (b, s, 1)
             inputs_embeds = inputs_embeds + matches.to(inputs_embeds.dtype) * self.segment_match
+        if self.case_embeddings is not None:
+            if case_ids is None:
+                raise ValueError(
+                    "This model reads the letter case of each token (letter_case=True) from case_ids; tokenize with "
+                    "the model's SineBertTokenizer, which returns them (`import sinebert` before "
+                    "AutoTokenizer.from_pretrained, or trust_remote_code=True)."
+                )
+            _check_ids(case_ids, self.case_embeddings.shape[0], "case_ids", "letter case classes")
+            inputs_embeds = inputs_embeds + F.embedding(case_ids, self.case_embeddings)  # as segment_match
         embeddings = inputs_embeds * self.embedding_scale
         embeddings = embeddings + self.position_encoding(position_ids, embeddings.shape[1]).to(embeddings.dtype)
         if self.token_type_embeddings is not None:
@@ -437,6 +449,8 @@ class SineBertPreTrainedModel(PreTrainedModel):
             init.copy_(module.position_table, sinusoidal_encoding(positions, self.config.hidden_size))
             if module.segment_match is not None:
                 init.zeros_(module.segment_match)  # starts as the model without the feature
+            if module.case_embeddings is not None:
+                init.zeros_(module.case_embeddings)
 
     @torch.no_grad()
     def initialize_weights(self):
@@ -555,13 +569,14 @@ class SineBertModel(SineBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        case_ids: torch.LongTensor | None = None,
     ) -> BaseModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
         masks = self._layer_masks(attention_mask, hidden_states.shape[1], hidden_states.device)
         # Padded batches drop their padding between the layers, except under the eager reference, which computes
         # every position as written. The outputs at padding are then zeros instead of values nobody should read.
@@ -642,6 +657,7 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        case_ids: torch.LongTensor | None = None,
     ) -> MaskedLMOutput:
         r"""
         labels (`torch.LongTensor` of shape `(batch, seq)`): token ids to predict, -100 where nothing is predicted.
@@ -650,7 +666,7 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
         """
         outputs = self.sinebert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, case_ids=case_ids,
         )
         hidden_states = outputs.last_hidden_state  # (batch, seq, hidden)
         if labels is not None and self.config.sparse_prediction:
@@ -700,6 +716,7 @@ class SineBertForSequenceClassification(SineBertPreTrainedModel):
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        case_ids: torch.LongTensor | None = None,
     ) -> SequenceClassifierOutput:
         r"""
         labels: class ids `(batch,)` for single-label, floats `(batch,)` or `(batch, 1)` for regression
@@ -707,7 +724,7 @@ class SineBertForSequenceClassification(SineBertPreTrainedModel):
         """
         outputs = self.sinebert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, case_ids=case_ids,
         )
         pooled = torch.tanh(self.dense(self.pool(outputs.last_hidden_state, attention_mask)))
         logits = self.classifier(self.dropout(pooled))  # (batch, num_labels)
@@ -752,11 +769,12 @@ class SineBertForTokenClassification(SineBertPreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        case_ids: torch.LongTensor | None = None,
     ) -> TokenClassifierOutput:
         r"""labels: tag ids `(batch, seq)`, -100 on positions that are not scored (special tokens, sub-words)."""
         outputs = self.sinebert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, case_ids=case_ids,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (batch, seq, num_labels)
         loss = None
@@ -808,12 +826,13 @@ class SineBertForQuestionAnswering(SineBertPreTrainedModel):
         end_positions: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        case_ids: torch.LongTensor | None = None,
     ) -> QuestionAnsweringModelOutput:
         r"""start_positions / end_positions: `(batch,)` token indices of the answer span (0, the [CLS] token, for
         "no answer"); indices past the sequence are ignored."""
         outputs = self.sinebert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, case_ids=case_ids,
         )
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(-1)  # 2 x (batch, seq)
         loss = None

@@ -406,6 +406,28 @@ def test_cross_segment_match_marks_shared_tokens_and_starts_as_the_model_without
     torch.testing.assert_close(_first_output(loaded, pair), _first_output(matched, pair), atol=0, rtol=0)
 
 
+def test_letter_case_starts_as_the_model_without_it_and_is_required_once_on(tmp_path):
+    ids = torch.tensor([[2, 10, 11, 12, 3]])
+    case = torch.tensor([[0, 1, 1, 2, 0]])
+    SineBertForTokenClassification(tiny_config()).save_pretrained(tmp_path / "plain")
+    plain = SineBertForTokenClassification.from_pretrained(tmp_path / "plain").eval()
+    cased = SineBertForTokenClassification.from_pretrained(tmp_path / "plain", letter_case=True).eval()
+    torch.testing.assert_close(_first_output(cased, {"input_ids": ids, "case_ids": case}),
+                               _first_output(plain, {"input_ids": ids}), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="reads the letter case .* from case_ids; tokenize with"):
+        cased(input_ids=ids)
+    with pytest.raises(ValueError, match="case_ids contains 3, outside \\[0, 3\\)"):
+        cased(input_ids=ids, case_ids=case + 1)
+    with torch.no_grad():
+        cased.sinebert.embeddings.case_embeddings.normal_()
+    changed = _first_output(cased, {"input_ids": ids, "case_ids": case})
+    assert not torch.allclose(changed, _first_output(plain, {"input_ids": ids}))
+    cased.save_pretrained(tmp_path / "cased")
+    loaded = SineBertForTokenClassification.from_pretrained(tmp_path / "cased").eval()
+    assert loaded.config.letter_case
+    torch.testing.assert_close(_first_output(loaded, {"input_ids": ids, "case_ids": case}), changed, atol=0, rtol=0)
+
+
 def test_out_of_range_token_ids_get_a_clear_error():
     model = SineBertModel(tiny_config())
     with pytest.raises(ValueError, match="contains 120, outside \\[0, 99\\)"):

@@ -19,6 +19,7 @@ from sinebert import (
     SineBertForTokenClassification,
     SineBertModel,
 )
+from sinebert.tokenization_sinebert import with_case_ids
 from tests.conftest import ROOT, tiny_config
 
 HEADS = {
@@ -65,6 +66,37 @@ def test_token_classification(saved_heads):
     tag = pipeline("token-classification", model=str(saved_heads["AutoModelForTokenClassification"]))
     entities = tag("maria went to the city")
     assert all(e["entity"] in ("O", "B-PER", "I-PER") for e in entities)
+
+
+def test_token_classification_reads_letter_case_here_and_without_the_package(tokenizer_dir, tmp_path):
+    tokenizer = with_case_ids(AutoTokenizer.from_pretrained(tokenizer_dir))
+    tags = {"id2label": {0: "O", 1: "B-PER", 2: "I-PER"}, "label2id": {"O": 0, "B-PER": 1, "I-PER": 2}}
+    torch.manual_seed(0)
+    model = SineBertForTokenClassification(
+        tiny_config(vocab_size=len(tokenizer), max_position_embeddings=32, letter_case=True, **tags)
+    ).eval()
+    with torch.no_grad():
+        model.sinebert.embeddings.case_embeddings.normal_()  # trained vectors: case changes the tags' scores
+    folder = tmp_path / "tagger"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    text = "Maria went to Paris with the BBC"
+    served = [entity["score"] for entity in pipeline("token-classification", model=str(folder), ignore_labels=[])(text)]
+    inputs = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        cased = model(**inputs).logits.softmax(-1)[0, 1:-1].max(-1).values  # (tokens,) without [CLS] and [SEP]
+        lower = model(**(inputs | {"case_ids": torch.zeros_like(inputs["case_ids"])})).logits.softmax(-1)
+    assert served == pytest.approx(cased.tolist(), rel=1e-5)
+    assert not torch.allclose(cased, lower[0, 1:-1].max(-1).values)
+    script = f"""
+        import sys, json
+        sys.modules["sinebert"] = None
+        from transformers import pipeline
+        tag = pipeline("token-classification", model={str(folder)!r}, trust_remote_code=True, ignore_labels=[])
+        print(json.dumps([float(entity["score"]) for entity in tag({text!r})]))
+    """
+    remote = json.loads(_run_without_package(script, tmp_path).strip().splitlines()[-1])
+    assert remote == pytest.approx(served, rel=1e-5)
 
 
 def test_feature_extraction(saved_heads):

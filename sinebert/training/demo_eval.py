@@ -66,8 +66,9 @@ def evaluate_tagger(model_dir: Path, test_file: Path, max_length: int, batch_siz
     with torch.no_grad():
         for batch in _batches(encoded, batch_size):
             ids = [row["input_ids"] for row in batch]
+            extra = {"case_ids": _pad([row["case_ids"] for row in batch], 0)} if "case_ids" in batch[0] else {}
             logits = model(input_ids=_pad(ids, tokenizer.pad_token_id),
-                           attention_mask=_pad([[1] * len(row) for row in ids], 0)).logits
+                           attention_mask=_pad([[1] * len(row) for row in ids], 0), **extra).logits
             predicted += logits.argmax(-1).tolist()  # (batch, longest row) -> rows of tag ids
             tokens += sum(map(len, ids))
     seconds = time.perf_counter() - start

@@ -21,7 +21,7 @@ from .loop import Task, Trainer, save_final
 from .models import add_size_arguments, load_pretrained
 from .reporting import write_model_card
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "case_ids")
 
 
 def finetune_parser(description: str, *, max_length: int, batch_size: int, epochs: int) -> argparse.ArgumentParser:
@@ -81,7 +81,7 @@ class PaddingCollator:
     masks, -100 for token labels) and stacks every other field (scalar labels, multi-hot rows, indices)."""
 
     def __init__(self, pad_token_id: int, token_labels: bool = False):
-        self.pads = {"input_ids": pad_token_id, "attention_mask": 0, "token_type_ids": 0}
+        self.pads = {"input_ids": pad_token_id, "attention_mask": 0, "token_type_ids": 0, "case_ids": 0}
         if token_labels:
             self.pads["labels"] = -100
 

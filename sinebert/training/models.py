@@ -5,6 +5,7 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer
 
 from ..configuration_sinebert import ATTENTION_INITS, NORM_PLACEMENTS, SineBertConfig
+from ..tokenization_sinebert import CASE_INPUT, with_case_ids, without_case_ids
 from .arguments import read_config_file
 from .errors import UserError
 
@@ -17,7 +18,7 @@ DROPOUT_FLAGS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 # attention at 128 tokens be fine-tuned with sliding-window layers on long inputs.
 LAYOUT_FLAGS = ("sliding_window", "global_attn_every_n_layers", "global_attention_positions")
 # Input features that fine-tuning can add to a pretrained checkpoint (their weights start at zero).
-FEATURE_FLAGS = ("cross_segment_match",)
+FEATURE_FLAGS = ("cross_segment_match", "letter_case")
 
 
 def add_size_arguments(parser):
@@ -46,6 +47,11 @@ def add_size_arguments(parser):
                             "by default in question answering.")
     group.add_argument("--no_cross_segment_match", dest="cross_segment_match", action="store_false",
                        help="Leave the mark out (drops it from a checkpoint that has it).")
+    group.add_argument("--letter_case", action="store_true", default=None,
+                       help="Give the model the letter case of each word, which a lower-cased vocabulary loses "
+                            "(SineBertConfig); on by default in named-entity recognition.")
+    group.add_argument("--no_letter_case", dest="letter_case", action="store_false",
+                       help="Leave letter case out (drops it from a checkpoint that has it).")
 
 
 def checkpoint_overrides(args) -> dict:
@@ -70,6 +76,11 @@ def load_tokenizer(args):
         raise UserError(f"Could not load a tokenizer from {source}: {error}") from error
     if not tokenizer.is_fast:
         raise UserError(f"The tokenizer in {source} is not a fast tokenizer; offsets and word ids need one.")
+    # --letter_case on or off decides; without it, a tokenizer saved with a case-reading model keeps returning case.
+    if getattr(args, "letter_case", None):
+        return with_case_ids(tokenizer)
+    if getattr(args, "letter_case", None) is False:
+        return without_case_ids(tokenizer)
     return tokenizer
 
 
@@ -93,15 +104,21 @@ def scratch_config(args, tokenizer, **task_values) -> SineBertConfig:
         config = SineBertConfig(**values)
     except (TypeError, ValueError) as error:
         raise UserError(f"Invalid model configuration: {error}") from error
-    check_vocabulary(config, tokenizer)
+    check_tokenizer(config, tokenizer)
     return config
 
 
-def check_vocabulary(config, tokenizer):
+def check_tokenizer(config, tokenizer):
     if len(tokenizer) > config.vocab_size:
         raise UserError(
             f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {config.vocab_size}; ids "
             "beyond it would crash training. Use the tokenizer the model was trained with, or a larger vocab_size."
+        )
+    if config.letter_case != (CASE_INPUT in tokenizer.model_input_names):
+        has = ("reads" if config.letter_case else "does not read", "does not return" if config.letter_case else "returns")
+        raise UserError(
+            f"The model {has[0]} letter case (letter_case in its config) but the tokenizer {has[1]} case_ids; pass "
+            "--letter_case or --no_letter_case to choose for both."
         )
 
 
@@ -125,5 +142,5 @@ def load_pretrained(auto_class, args, tokenizer, **config_values):
         )
     except OSError as error:
         raise UserError(f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {error}")
-    check_vocabulary(model.config, tokenizer)
+    check_tokenizer(model.config, tokenizer)
     return model
