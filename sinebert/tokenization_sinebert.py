@@ -6,7 +6,11 @@ taken from the original text through the token's offsets. The tokenizer returns 
 `model_input_names` (saved in tokenizer_config.json), so for every other model it is the plain backend.
 """
 
+import bisect
+import re
+
 from transformers import TokenizersBackend
+from transformers.utils import PaddingStrategy
 
 # The values of `case_ids`: the rows of the model's case embedding (`SineBertEmbeddings.case_embeddings`).
 LOWER, CAPITALISED, UPPER = 0, 1, 2
@@ -14,34 +18,42 @@ CASE_INPUT = "case_ids"
 
 
 def letter_case(word: str) -> int:
-    """UPPER for two or more cased letters all in upper case ("NASA"), CAPITALISED for a word that starts with an
-    upper-case letter ("London", "I", "McCain"), LOWER for the rest (lower case, digits, punctuation)."""
+    """UPPER for two or more cased letters all in upper case ("NASA", "U.S."), CAPITALISED for a word whose first
+    cased letter is upper case ("London", "I", "McCain", "(Paris"), LOWER for the rest ("eBay", "1990s", ",")."""
     cased = [c for c in word if c.isupper() or c.islower()]
     if len(cased) > 1 and all(c.isupper() for c in cased):
         return UPPER
-    return CAPITALISED if word[:1].isupper() else LOWER
+    return CAPITALISED if cased and cased[0].isupper() else LOWER
 
 
-def encoding_case_ids(encoding, sequences: tuple, is_split_into_words: bool) -> list[int]:
-    """`case_ids` of one row: `encoding` is a `tokenizers.Encoding`, `sequences` the row's text (and text pair),
-    each a string or, with `is_split_into_words`, a list of words. Special tokens and padding are LOWER."""
-    cases = {}  # (sequence, word) -> case
-    for sequence, word, (start, end) in zip(encoding.sequence_ids, encoding.word_ids, encoding.offsets):
-        if sequence is not None and (sequence, word) not in cases:
-            source = sequences[sequence]
-            text = source[word] if is_split_into_words else _word_around(source, start, end)
-            cases[(sequence, word)] = letter_case(text)
-    return [cases.get(key, LOWER) for key in zip(encoding.sequence_ids, encoding.word_ids)]
+class Words:
+    """The words of one text, for `case_ids`: a token takes the case of its word, the pre-split word or in raw text
+    the run of characters between spaces, so that "U.S." gets the same case either way."""
+
+    def __init__(self, text: str | list[str], is_split_into_words: bool):
+        self.text, self.split = text, is_split_into_words
+        if not is_split_into_words:
+            spans = [match.span() for match in re.finditer(r"\S+", text)]
+            self.starts, self.ends = [s for s, _ in spans], [e for _, e in spans]
+
+    def case(self, word: int, start: int, end: int) -> int:
+        """The case of the token at characters start:end (of the pre-split word `word`, or of the raw text);
+        LOWER for a token without letters (punctuation, digits)."""
+        if self.split:
+            piece, whole = self.text[word][start:end], self.text[word]
+        else:
+            i = bisect.bisect_right(self.starts, start) - 1  # the word starting at or before the token
+            piece, whole = self.text[start:end], self.text[self.starts[i] : self.ends[i]]
+        return letter_case(whole) if any(c.isupper() or c.islower() for c in piece) else LOWER
 
 
-def _word_around(text: str, start: int, end: int) -> str:
-    """The whole word holding the token at text[start:end], even where a window of a long input cuts the word:
-    BERT's pre-tokenizer ends words at whitespace and punctuation, so the word is the run of letters and digits."""
-    while start > 0 and text[start - 1].isalnum():
-        start -= 1
-    while end < len(text) and text[end].isalnum():
-        end += 1
-    return text[start:end]
+def encoding_case_ids(encoding, words: tuple[Words, ...]) -> list[int]:
+    """`case_ids` of one row, a `tokenizers.Encoding` of the text (and text pair) whose `words` are given; special
+    tokens and padding are LOWER."""
+    return [
+        LOWER if sequence is None else words[sequence].case(word, start, end)
+        for sequence, word, (start, end) in zip(encoding.sequence_ids, encoding.word_ids, encoding.offsets)
+    ]
 
 
 class SineBertTokenizer(TokenizersBackend):
@@ -59,13 +71,13 @@ class SineBertTokenizer(TokenizersBackend):
         )
         texts = list(text) if batched else [text]
         pairs = (list(text_pair) if batched else [text_pair]) if text_pair else [None] * len(texts)
-        samples = [(t,) if p is None else (t, p) for t, p in zip(texts, pairs)]
+        samples = [
+            tuple(Words(part, is_split_into_words) for part in ((t,) if p is None else (t, p)))
+            for t, p in zip(texts, pairs)
+        ]
         # Long inputs split into windows (return_overflowing_tokens) give several rows per sample.
         owners = encoded.get("overflow_to_sample_mapping", range(len(encoded.encodings)))
-        rows = [
-            encoding_case_ids(encoding, samples[int(owner)], is_split_into_words)
-            for encoding, owner in zip(encoded.encodings, owners)
-        ]
+        rows = [encoding_case_ids(encoding, samples[int(owner)]) for encoding, owner in zip(encoded.encodings, owners)]
         ids = encoded["input_ids"]
         if return_tensors is not None:
             encoded[CASE_INPUT] = type(encoded)({CASE_INPUT: rows}, tensor_type=return_tensors)[CASE_INPUT]
@@ -74,8 +86,8 @@ class SineBertTokenizer(TokenizersBackend):
             encoded[CASE_INPUT] = rows if ids and isinstance(ids[0], list) else rows[0]
         return encoded
 
-    def _pad(self, encoded_inputs, max_length=None, padding_strategy=None, pad_to_multiple_of=None,
-             padding_side=None, return_attention_mask=None):
+    def _pad(self, encoded_inputs, max_length=None, padding_strategy=PaddingStrategy.DO_NOT_PAD,
+             pad_to_multiple_of=None, padding_side=None, return_attention_mask=None):
         case_ids = encoded_inputs.pop(CASE_INPUT, None)
         padded = super()._pad(encoded_inputs, max_length, padding_strategy, pad_to_multiple_of, padding_side,
                               return_attention_mask)

@@ -113,6 +113,8 @@ def test_ner_finds_entities_and_the_pipeline_agrees(conll, tmp_path):
     out = tmp_path / "ner"
     launch("finetune_ner", *ner_arguments(conll, out), "--per_device_train_batch_size", 16, "--num_train_epochs", 2)
     results = check_saved_run(out, "eval_predictions.jsonl")
+    assert json.loads((out / "config.json").read_text())["letter_case"]  # the script's default
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_input_names"][-1] == "case_ids"
     rows = read_jsonl(out / "eval_predictions.jsonl")
     assert len(rows) == 300
     tags = [tag for row in rows for tag in row["labels"]]
@@ -221,14 +223,45 @@ def test_qa_beats_the_first_words_of_the_context_and_the_pipeline_agrees(squad, 
         assert served["answer"] == predictions[question["id"]], question["id"]
 
 
-def test_question_answering_marks_shared_tokens_by_default_and_the_other_tasks_keep_the_checkpoints_choice():
+def test_qa_marks_shared_tokens_and_ner_reads_letter_case_by_default_and_other_tasks_keep_the_checkpoints_choice(
+    capsys,
+):
     required = ["--output_dir", "out", "--train_file", "x.json"]
     qa = load_script("finetune_qa")
     assert qa.parse_args(required).cross_segment_match is True
     assert qa.parse_args([*required, "--no_cross_segment_match"]).cross_segment_match is False
+    ner = load_script("finetune_ner")
+    assert ner.parse_args(required).letter_case is True
+    assert ner.parse_args([*required, "--no_letter_case"]).letter_case is False
     classification = load_script("finetune_classification")
     assert classification.parse_args(required).cross_segment_match is None  # as the checkpoint says
+    assert classification.parse_args(required).letter_case is None
     assert classification.parse_args([*required, "--cross_segment_match"]).cross_segment_match is True
+    with pytest.raises(SystemExit):
+        load_script("pretrain").parse_args([*required, "--letter_case"])
+    assert "--letter_case is for fine-tuning: pretraining packs token ids" in capsys.readouterr().err
+
+
+def test_a_checkpoint_that_reads_letter_case_needs_a_tokenizer_that_gives_it(tmp_path, capsys, tokenizer_dir,
+                                                                             one_thread):
+    from sinebert import SineBertConfig, SineBertForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = SineBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=64, letter_case=True)
+    SineBertForSequenceClassification(config).save_pretrained(tmp_path / "cased")
+    tokenizer.save_pretrained(tmp_path / "cased")  # a plain tokenizer: no case_ids
+    data = tmp_path / "data.csv"
+    data.write_text("sentence,label\n" + "".join(f"Text {i},{'ab'[i % 2]}\n" for i in range(8)))
+    script = load_script("finetune_classification")
+    argv = [str(a) for a in ["--train_file", data, "--validation_file", data, "--model_name_or_path",
+                             tmp_path / "cased", "--max_train_steps", 1, "--per_device_train_batch_size", 4]]
+    line = user_error(capsys, script, [*argv, "--output_dir", str(tmp_path / "a")])
+    assert "The model reads letter case (letter_case in its config) but the tokenizer does not return case_ids" in line
+    script.main([*argv, "--output_dir", str(tmp_path / "b"), "--letter_case"])
+    assert json.loads((tmp_path / "b" / "tokenizer_config.json").read_text())["model_input_names"][-1] == "case_ids"
+    script.main([*argv, "--output_dir", str(tmp_path / "c"), "--no_letter_case"])
+    assert not json.loads((tmp_path / "c" / "config.json").read_text())["letter_case"]
 
 
 # ----- one clear sentence for unusable data -----

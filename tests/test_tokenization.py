@@ -34,9 +34,23 @@ def word_cases(encoding, row=0):
 
 
 def test_letter_case_classes():
-    assert [letter_case(w) for w in ("the", "42", ",", "London", "I", "McCain", "NASA", "U.S.", "eBay", "ÉTÉ")] == [
-        L, L, L, C, C, C, U, U, L, U,
+    words = ("the", "42", ",", "London", "I", "McCain", "(Paris", "NASA", "U.S.", "ÉTÉ", "eBay", "1990s")
+    assert [letter_case(w) for w in words] == [L, L, L, C, C, C, C, U, U, U, L, L]
+
+
+def test_raw_text_and_the_same_words_pre_split_get_the_same_case(cased):
+    words = ["The", "U.S.", "and", "McDonald's", "(", "NYSE", ")", "said", "1990s", "sales", "rose", "."]
+    pre_split = cased([words], is_split_into_words=True)
+    raw = cased(["The U.S. and McDonald's ( NYSE ) said 1990s sales rose ."])
+    assert raw["input_ids"] == pre_split["input_ids"] and raw["case_ids"] == pre_split["case_ids"]
+    # Pieces with letters take their word's case; pieces without (the dots of "U.S.", brackets, digits) are lower.
+    word_case = [C, U, L, C, L, U, L, L, L, L, L, L]
+    expected = [
+        L if word is None or not any(ch.isalpha() for ch in words[word][start:end]) else word_case[word]
+        for word, (start, end) in zip(pre_split.word_ids(0), pre_split.encodings[0].offsets)
     ]
+    assert raw["case_ids"][0] == expected
+    assert cased.convert_ids_to_tokens(raw["input_ids"][0]).count(".") == 3  # the dots are tokens of their own
 
 
 def test_raw_text_pairs_get_the_case_of_each_word_and_special_tokens_are_lower(cased):

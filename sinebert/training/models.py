@@ -115,9 +115,9 @@ def check_tokenizer(config, tokenizer):
             "beyond it would crash training. Use the tokenizer the model was trained with, or a larger vocab_size."
         )
     if config.letter_case != (CASE_INPUT in tokenizer.model_input_names):
-        has = ("reads" if config.letter_case else "does not read", "does not return" if config.letter_case else "returns")
+        model, tokens = ("reads", "does not return") if config.letter_case else ("does not read", "returns")
         raise UserError(
-            f"The model {has[0]} letter case (letter_case in its config) but the tokenizer {has[1]} case_ids; pass "
+            f"The model {model} letter case (letter_case in its config) but the tokenizer {tokens} case_ids; pass "
             "--letter_case or --no_letter_case to choose for both."
         )
 
