@@ -21,7 +21,7 @@ from sinebert.training.arguments import (
 )
 from sinebert.training.data import hold_out_validation, load_splits, pick_column
 from sinebert.training.embeddings import init_word_embeddings
-from sinebert.training.errors import run_cli
+from sinebert.training.errors import UserError, run_cli
 from sinebert.training.loop import Task, Trainer, save_final, setup_accelerator, shutdown
 from sinebert.training.mlm import (
     MaskingCollator,
@@ -64,12 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--streaming_validation_examples", type=int, default=1000,
         help="With --streaming and no validation data: hold out this many leading examples.",
     )
-    args = parse_with_config_file(parser, argv)
-    if args.letter_case:
-        # Packing keeps token ids and drops the text that case_ids come from.
-        parser.error("--letter_case is for fine-tuning: pretraining packs token ids without their text. Pretrain "
-                     "without it; fine-tuning adds it (its vectors start at zero).")
-    return args
+    return parse_with_config_file(parser, argv)
 
 
 def load_blocks(args, accelerator, tokenizer):
@@ -117,6 +112,11 @@ def main(argv=None):
     tokenizer = load_tokenizer(args)
     reshape = mixed_lengths(args, tokenizer.pad_token_id)
     model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
+    if model.config.letter_case:
+        raise UserError(
+            "Pretraining cannot give the model letter case: it packs token ids without the text that case_ids come "
+            "from. Pass --no_letter_case (a checkpoint's case vectors are dropped) and turn it on when fine-tuning."
+        )
     if args.init_word_embeddings:
         init_word_embeddings(model, args.init_word_embeddings, tokenizer, from_checkpoint=bool(args.model_name_or_path))
     train_blocks, validation_blocks = load_blocks(args, accelerator, tokenizer)

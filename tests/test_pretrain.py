@@ -136,7 +136,7 @@ def test_config_file_supplies_arguments_and_rejects_unknown_keys(sst2_corpus, to
     assert "unknown keys ['hiden_size']" in message and "hidden_size" in message
 
 
-def test_refuses_to_overwrite_another_run_and_checks_the_vocabulary(sst2_corpus, tokenizer_dir, tmp_path, capsys):
+def test_refuses_to_overwrite_another_run_and_checks_the_tokenizer(sst2_corpus, tokenizer_dir, tmp_path, capsys):
     pretrain = load_script("pretrain")
     out = tmp_path / "busy"
     out.mkdir()
@@ -150,6 +150,8 @@ def test_refuses_to_overwrite_another_run_and_checks_the_vocabulary(sst2_corpus,
     argv = [*data(sst2_corpus, tokenizer_dir), "--config_name", small, "--max_train_steps", 1,
             "--output_dir", tmp_path / "new"]
     assert "The tokenizer has 600 tokens but the model's vocab_size is 100" in user_error(capsys, pretrain, argv)
+    argv = [*data(sst2_corpus, tokenizer_dir), *TINY, "--letter_case", "--output_dir", tmp_path / "cased"]
+    assert "Pretraining cannot give the model letter case" in user_error(capsys, pretrain, argv)
 
 
 def test_time_budget_sets_the_length_and_the_schedule(sst2_corpus, tokenizer_dir, tmp_path):
