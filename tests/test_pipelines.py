@@ -99,6 +99,30 @@ def test_token_classification_reads_letter_case_here_and_without_the_package(tok
     assert remote == pytest.approx(served, rel=1e-5)
 
 
+def test_extractive_question_answering_passes_letter_case_to_every_window(tokenizer_dir, tmp_path):
+    tokenizer = with_case_ids(AutoTokenizer.from_pretrained(tokenizer_dir))
+    torch.manual_seed(0)
+    model = SineBertForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), max_position_embeddings=32,
+                                                     letter_case=True))
+    with torch.no_grad():
+        model.sinebert.embeddings.case_embeddings.normal_()
+    model.save_pretrained(tmp_path / "cased")
+    tokenizer.save_pretrained(tmp_path / "cased")
+    context = " ".join(["The film was written by Maria and shot in Oslo ."] * 4)  # several windows of 32 tokens
+    qa = pipeline("extractive-question-answering", model=str(tmp_path / "cased"))
+    # The model raises without case_ids, so an answer means every window carried them.
+    answer = qa(question="Who wrote the film ?", context=context, doc_stride=8, max_answer_len=5, max_seq_len=32)
+    assert context[answer["start"] : answer["end"]] == answer["answer"] and answer["answer"]
+    with torch.no_grad():
+        model.sinebert.embeddings.case_embeddings.normal_()  # other case vectors, other scores
+    model.save_pretrained(tmp_path / "recased")
+    tokenizer.save_pretrained(tmp_path / "recased")
+    again = pipeline("extractive-question-answering", model=str(tmp_path / "recased"))(
+        question="Who wrote the film ?", context=context, doc_stride=8, max_answer_len=5, max_seq_len=32
+    )
+    assert again["score"] != pytest.approx(answer["score"], rel=1e-6)
+
+
 def test_feature_extraction(saved_heads):
     extract = pipeline("feature-extraction", model=str(saved_heads["AutoModel"]))
     features = extract("a short sentence")
