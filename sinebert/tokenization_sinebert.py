@@ -17,10 +17,14 @@ LOWER, CAPITALISED, UPPER = 0, 1, 2
 CASE_INPUT = "case_ids"
 
 
+def cased_letters(text: str) -> list[str]:
+    return [c for c in text if c.isupper() or c.islower()]
+
+
 def letter_case(word: str) -> int:
     """UPPER for two or more cased letters all in upper case ("NASA", "U.S."), CAPITALISED for a word whose first
     cased letter is upper case ("London", "I", "McCain", "(Paris"), LOWER for the rest ("eBay", "1990s", ",")."""
-    cased = [c for c in word if c.isupper() or c.islower()]
+    cased = cased_letters(word)
     if len(cased) > 1 and all(c.isupper() for c in cased):
         return UPPER
     return CAPITALISED if cased and cased[0].isupper() else LOWER
@@ -44,7 +48,7 @@ class Words:
         else:
             i = bisect.bisect_right(self.starts, start) - 1  # the word starting at or before the token
             piece, whole = self.text[start:end], self.text[self.starts[i] : self.ends[i]]
-        return letter_case(whole) if any(c.isupper() or c.islower() for c in piece) else LOWER
+        return letter_case(whole) if cased_letters(piece) else LOWER
 
 
 def encoding_case_ids(encoding, words: tuple[Words, ...]) -> list[int]:

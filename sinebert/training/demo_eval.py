@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
 
+from .finetune import PaddingCollator
 from .metrics.classification import compute_classification
 from .metrics.seqeval_strict import compute_entities
 from .ner import Sentence, encode_sentences
@@ -22,13 +23,6 @@ def read_jsonl(path: Path) -> list[dict]:
 def _batches(rows: list, size: int):
     for start in range(0, len(rows), size):
         yield rows[start : start + size]
-
-
-def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
-    padded = torch.full((len(rows), max(map(len, rows))), value, dtype=torch.long)
-    for i, row in enumerate(rows):
-        padded[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return padded  # (batch, longest row)
 
 
 def evaluate_classifier(model_dir: Path, test_file: Path, max_length: int, batch_size: int = 64) -> dict:
@@ -62,15 +56,15 @@ def evaluate_tagger(model_dir: Path, test_file: Path, max_length: int, batch_siz
     # A tag the training split never had cannot be predicted; it stays in the gold tags but is encoded as O.
     known = [Sentence(s.tokens, [t if t in names else "O" for t in s.tags], s.origin) for s in gold]
     encoded, firsts = encode_sentences(known, tokenizer, names, max_length, label_all_tokens=False)
+    collate = PaddingCollator(tokenizer.pad_token_id)
     predicted, tokens, start = [], 0, time.perf_counter()
     with torch.no_grad():
         for batch in _batches(encoded, batch_size):
-            ids = [row["input_ids"] for row in batch]
-            extra = {"case_ids": _pad([row["case_ids"] for row in batch], 0)} if "case_ids" in batch[0] else {}
-            logits = model(input_ids=_pad(ids, tokenizer.pad_token_id),
-                           attention_mask=_pad([[1] * len(row) for row in ids], 0), **extra).logits
+            # The tokenizer's inputs (ids, mask, token types and, for a case-reading model, case ids), padded.
+            inputs = collate([{k: v for k, v in row.items() if k != "labels"} for row in batch])
+            logits = model(**inputs).logits
             predicted += logits.argmax(-1).tolist()  # (batch, longest row) -> rows of tag ids
-            tokens += sum(map(len, ids))
+            tokens += int(inputs["attention_mask"].sum())
     seconds = time.perf_counter() - start
     tags = [[names[row[p]] if p is not None else "O" for p in first] for row, first in zip(predicted, firsts)]
     entities = compute_entities(tags, [s.tags for s in gold])
