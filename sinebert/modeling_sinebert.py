@@ -333,8 +333,11 @@ class SineBertAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         unpadded: "Unpadded | None" = None,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`."""
+        """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`. With
+        `rows` (indices into the flattened rows of `hidden_states`), the output is `(len(rows), hidden)`: every
+        token is still a key and a value, but only those rows are projected out."""
         qkv = self.qkv_proj(hidden_states)  # (batch, seq, 3 * hidden) or (n_real, 3 * hidden)
         if unpadded is not None:
             qkv = unpadded.pad(qkv)  # back to (batch, seq, 3 * hidden) for the kernel; padding keys are masked
@@ -364,6 +367,8 @@ class SineBertAttention(nn.Module):
         output = output.reshape(batch, seq, hidden)  # (batch, seq, heads, head_dim) -> (batch, seq, hidden)
         if unpadded is not None:
             output = unpadded.unpad(output)  # (n_real, hidden)
+        if rows is not None:
+            output = output.reshape(-1, hidden).index_select(0, rows)  # (n_rows, hidden)
         return self.out_proj(output), weights
 
     def kernel_description(self) -> str:
@@ -412,16 +417,21 @@ class SineBertLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         unpadded: "Unpadded | None" = None,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`."""
+        """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`. With
+        `rows`, the layer returns only those rows, `(len(rows), hidden)`, and computes its residual, norms and
+        feed-forward network on them alone (the rows a head reads, in the last layer)."""
+        attended, weights = self.attention(
+            self.attention_norm(hidden_states) if self.pre_norm else hidden_states,
+            attention_mask, output_attentions, unpadded, rows,
+        )
+        if rows is not None:
+            hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, rows)
         if self.pre_norm:
-            attended, weights = self.attention(
-                self.attention_norm(hidden_states), attention_mask, output_attentions, unpadded
-            )
             hidden_states = hidden_states + self.dropout(attended)
             hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
         else:
-            attended, weights = self.attention(hidden_states, attention_mask, output_attentions, unpadded)
             hidden_states = self.attention_norm(hidden_states + self.dropout(attended))
             hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
         return hidden_states, weights
@@ -536,7 +546,8 @@ class Unpadded(NamedTuple):
 
     def pad(self, values: torch.Tensor) -> torch.Tensor:
         """`(n_real, ...)` -> `(batch, seq, ...)`, zeros at the padding."""
-        padded = values.new_zeros(self.batch * self.seq, *values.shape[1:]).index_copy(0, self.tokens, values)
+        # In place into fresh zeros: the out-of-place index_copy would first copy the zeros.
+        padded = values.new_zeros(self.batch * self.seq, *values.shape[1:]).index_copy_(0, self.tokens, values)
         return padded.view(self.batch, self.seq, *values.shape[1:])
 
 
@@ -570,13 +581,23 @@ class SineBertModel(SineBertPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         case_ids: torch.LongTensor | None = None,
+        output_mask: torch.Tensor | None = None,
     ) -> BaseModelOutput:
+        r"""
+        output_mask (`torch.BoolTensor` of shape `(batch, seq)`): True where the caller reads the output. Then
+            `last_hidden_state` holds only those positions, `(num_true, hidden)` in row-major order, and (except
+            under the eager reference or with `output_hidden_states`) the last layer computes its residual, norms
+            and feed-forward network only there; keys and values still come from every token. The masked-LM head
+            passes the masked positions, the classifier with `classifier_pooling="cls"` the first token.
+        """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
+        if output_mask is not None:
+            self._check_output_mask(output_mask, attention_mask, hidden_states.shape[:2])
         masks = self._layer_masks(attention_mask, hidden_states.shape[1], hidden_states.device)
         # Padded batches drop their padding between the layers, except under the eager reference, which computes
         # every position as written. The outputs at padding are then zeros instead of values nobody should read.
@@ -584,23 +605,50 @@ class SineBertModel(SineBertPreTrainedModel):
         if masks["full_attention"] is not None and self.config._attn_implementation != "eager":
             unpadded = Unpadded.from_mask(attention_mask)
             hidden_states = unpadded.unpad(hidden_states)  # (n_real, hidden)
+        rows = None
+        if output_mask is not None and not output_hidden_states and self.config._attn_implementation != "eager":
+            rows = self._output_rows(output_mask, attention_mask, unpadded)
         all_hidden_states, all_attentions = [], []
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
             all_hidden_states.append(hidden_states)
-            hidden_states, weights = layer(hidden_states, masks[layer.attention.layer_type], output_attentions, unpadded)
+            last = index == len(self.layers) - 1
+            hidden_states, weights = layer(
+                hidden_states, masks[layer.attention.layer_type], output_attentions, unpadded, rows if last else None
+            )
             all_attentions.append(weights)
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
         all_hidden_states.append(hidden_states)
-        if unpadded is not None:
+        if unpadded is not None and rows is None:
             hidden_states = unpadded.pad(hidden_states)
             all_hidden_states = [unpadded.pad(h) for h in all_hidden_states] if output_hidden_states else []
+        if output_mask is not None and rows is None:  # the reference path: every position computed, then selected
+            hidden_states = hidden_states[output_mask.bool()]
         return BaseModelOutput(
             last_hidden_state=hidden_states,
             hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
 
+
+    @staticmethod
+    def _check_output_mask(output_mask: torch.Tensor, attention_mask: torch.Tensor | None, shape: torch.Size):
+        if output_mask.shape != shape:
+            raise ValueError(
+                f"output_mask must have the shape of the input, (batch, seq) = {tuple(shape)}, got "
+                f"{tuple(output_mask.shape)}."
+            )
+        if attention_mask is not None and bool((output_mask.bool() & ~attention_mask.bool()).any()):
+            raise ValueError("output_mask selects padding positions (attention_mask 0); select real tokens only.")
+
+    @staticmethod
+    def _output_rows(output_mask: torch.Tensor, attention_mask: torch.Tensor | None, unpadded: "Unpadded | None"):
+        """Indices `(num_true,)` of `output_mask`'s positions among the rows the layers carry: the flattened
+        `(batch * seq)` positions, or with `unpadded` the real tokens only."""
+        selected = output_mask.bool().flatten()
+        if unpadded is None:
+            return selected.nonzero().squeeze(-1)
+        return (attention_mask.bool().flatten().cumsum(0) - 1)[selected]
 
     def _layer_masks(self, attention_mask: torch.Tensor | None, seq: int, device: torch.device) -> dict:
         """The masks of one forward pass, built once and keyed by layer type: the padding mask `(batch, 1, 1, seq)`
@@ -664,15 +712,14 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
             With `config.sparse_prediction`, only those positions are projected onto the vocabulary and the logits
             have shape `(num_predicted, vocab_size)`, in row-major order of the labelled positions.
         """
+        predicted = labels != -100 if labels is not None and self.config.sparse_prediction else None
         outputs = self.sinebert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, case_ids=case_ids,
+            output_mask=predicted,
         )
-        hidden_states = outputs.last_hidden_state  # (batch, seq, hidden)
-        if labels is not None and self.config.sparse_prediction:
-            labels = labels.reshape(-1)
-            predicted = labels != -100
-            hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])[predicted]  # (num_predicted, hidden)
+        hidden_states = outputs.last_hidden_state  # (batch, seq, hidden), or (num_predicted, hidden)
+        if predicted is not None:
             labels = labels[predicted]
         logits = self.decoder(self.head(hidden_states))
         loss = None
@@ -705,6 +752,17 @@ class SineBertForSequenceClassification(SineBertPreTrainedModel):
         weights = attention_mask.to(hidden_states.dtype)[..., None]  # (batch, seq, 1)
         return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
+    def _first_token_mask(self, inputs: torch.Tensor | None, attention_mask: torch.Tensor | None):
+        """`(batch, seq)` True at the first token, for the encoder to compute only there under "cls" pooling; None
+        with mean pooling, or where a row starts with padding (left-padded batches)."""
+        if self.config.classifier_pooling != "cls" or inputs is None:
+            return None
+        if attention_mask is not None and not bool(attention_mask[:, 0].all()):
+            return None
+        mask = torch.zeros(inputs.shape[:2], dtype=torch.bool, device=inputs.device)
+        mask[:, 0] = True
+        return mask
+
     @can_return_tuple
     def forward(
         self,
@@ -722,11 +780,17 @@ class SineBertForSequenceClassification(SineBertPreTrainedModel):
         labels: class ids `(batch,)` for single-label, floats `(batch,)` or `(batch, 1)` for regression
             (`num_labels == 1`), multi-hot floats `(batch, num_labels)` for `problem_type="multi_label_classification"`.
         """
+        first_token = self._first_token_mask(input_ids if input_ids is not None else inputs_embeds, attention_mask)
         outputs = self.sinebert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, case_ids=case_ids,
+            output_mask=first_token,
         )
-        pooled = torch.tanh(self.dense(self.pool(outputs.last_hidden_state, attention_mask)))
+        if first_token is None:
+            pooled = self.pool(outputs.last_hidden_state, attention_mask)
+        else:
+            pooled = outputs.last_hidden_state  # (batch, hidden): the first token of each row
+        pooled = torch.tanh(self.dense(pooled))
         logits = self.classifier(self.dropout(pooled))  # (batch, num_labels)
         loss = self._loss(logits, labels) if labels is not None else None
         return SequenceClassifierOutput(

@@ -158,6 +158,48 @@ def test_unpadded_fast_path_matches_the_reference_in_every_head_and_its_gradient
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("norm_placement", ["post", "pre"])
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("cls", [SineBertForMaskedLM, SineBertForSequenceClassification])
+def test_last_layer_computes_only_the_rows_the_head_reads_and_matches_the_reference(cls, padded, norm_placement):
+    eager, sdpa = _model_pair(cls, num_labels=3, norm_placement=norm_placement, sparse_prediction=True)
+    inputs = _inputs(batch=3, seq=10)
+    if not padded:
+        inputs["attention_mask"][:] = 1
+    if cls is SineBertForMaskedLM:
+        chosen = (torch.rand(3, 10, generator=torch.Generator().manual_seed(2)) < 0.3) & inputs["attention_mask"].bool()
+        labels, read = torch.where(chosen, inputs["input_ids"], -100), int(chosen.sum())
+    else:
+        labels, read = torch.tensor([0, 2, 1]), 3  # "cls" pooling reads the first token of each row
+    rows_seen = []
+    sdpa.sinebert.layers[-1].mlp.fc1.register_forward_hook(lambda m, args, out: rows_seen.append(args[0].shape[0]))
+    for model in (eager, sdpa):
+        model(**inputs, labels=labels).loss.backward()
+    a, b = eager(**inputs, labels=labels), sdpa(**inputs, labels=labels)
+    assert rows_seen[-1] == read  # the feed-forward network of the last layer ran on the rows read, no others
+    torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), sdpa.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_output_mask_selects_rows_on_every_path_and_rejects_padding_and_wrong_shapes():
+    eager, sdpa = _model_pair(SineBertModel)
+    inputs = _inputs(batch=2, seq=12)  # the second row is padded from position 6 on
+    read = torch.zeros(2, 12, dtype=torch.bool)
+    read[0, 3], read[1, 1], read[1, 5] = True, True, True
+    with torch.no_grad():
+        full = eager(**inputs).last_hidden_state
+        for model in (eager, sdpa):
+            torch.testing.assert_close(model(**inputs, output_mask=read).last_hidden_state, full[read])
+            hidden = model(**inputs, output_mask=read, output_hidden_states=True)
+            torch.testing.assert_close(hidden.last_hidden_state, full[read])
+            assert hidden.hidden_states[-1].shape == (2, 12, 32)
+            with pytest.raises(ValueError, match=r"output_mask selects padding positions"):
+                model(**inputs, output_mask=read.index_fill(1, torch.tensor([8]), True))
+            with pytest.raises(ValueError, match=r"output_mask must have the shape of the input, \(batch, seq\)"):
+                model(**inputs, output_mask=read[:, :5])
+
+
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("norm_placement", ["post", "pre"])
 def test_padding_does_not_change_real_tokens(implementation, norm_placement):
