@@ -74,6 +74,10 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--per_device_train_batch_size", type=int, default=batch_size)
     group.add_argument("--per_device_eval_batch_size", type=int, default=None, help="Defaults to the train batch size.")
     group.add_argument("--learning_rate", type=float, default=learning_rate)
+    group.add_argument(
+        "--embedding_learning_rate", type=float, default=None,
+        help="Peak learning rate of the word embeddings, on the same schedule (default: --learning_rate).",
+    )
     group.add_argument("--weight_decay", type=float, default=0.01, help="AdamW decay; never on biases or LayerNorms.")
     group.add_argument("--adam_beta1", type=float, default=0.9)
     group.add_argument("--adam_beta2", type=float, default=0.999)

@@ -121,8 +121,10 @@ def claim_output_dir(args, accelerator: Accelerator):
 
 
 def build_optimizer(model: nn.Module, args) -> torch.optim.AdamW:
-    """AdamW with weight decay on weight matrices and embeddings only, never on biases or LayerNorm parameters."""
-    decay, no_decay, seen = [], [], set()
+    """AdamW with weight decay on weight matrices and embeddings only, never on biases or LayerNorm parameters; the
+    word embeddings in a group of their own at --embedding_learning_rate when it is given."""
+    words = model.get_input_embeddings().weight if args.embedding_learning_rate is not None else None
+    decay, no_decay, seen = [], [], set() if words is None else {id(words)}
     for module in model.modules():
         for name, parameter in module.named_parameters(recurse=False):
             if id(parameter) in seen or not parameter.requires_grad:
@@ -131,9 +133,11 @@ def build_optimizer(model: nn.Module, args) -> torch.optim.AdamW:
             exempt = isinstance(module, nn.LayerNorm) or name == "bias"
             (no_decay if exempt else decay).append(parameter)
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if words is not None and words.requires_grad:
+        groups.append({"params": [words], "weight_decay": args.weight_decay, "lr": args.embedding_learning_rate})
     # The fused kernel updates all parameters in one pass: 4x faster than the per-tensor loop on CPU (measured
     # here: 19 ms vs 78 ms a step for a 7M-parameter model). It needs plain tensors on CPU or CUDA.
-    fused = all(type(p) is nn.Parameter and p.device.type in ("cpu", "cuda") for p in decay + no_decay)
+    fused = all(type(p) is nn.Parameter and p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
     return torch.optim.AdamW(
         groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon, fused=fused
     )

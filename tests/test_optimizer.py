@@ -1,0 +1,40 @@
+"""build_optimizer: which parameters decay, and the word embeddings' own learning rate."""
+
+import argparse
+
+import pytest
+import torch
+
+from sinebert import SineBertForMaskedLM, SineBertForSequenceClassification
+from sinebert.training.loop import build_optimizer
+from tests.conftest import tiny_config
+
+
+def _args(**values) -> argparse.Namespace:
+    defaults = dict(learning_rate=1e-2, embedding_learning_rate=None, weight_decay=0.01, adam_beta1=0.9,
+                    adam_beta2=0.999, adam_epsilon=1e-8)
+    return argparse.Namespace(**defaults | values)
+
+
+@pytest.mark.parametrize("cls", [SineBertForMaskedLM, SineBertForSequenceClassification])
+@pytest.mark.parametrize("embedding_learning_rate", [None, 0.0])
+def test_word_embeddings_take_their_own_learning_rate_and_every_parameter_is_stepped_once(cls, embedding_learning_rate):
+    torch.manual_seed(0)
+    model = cls(tiny_config(num_labels=2))
+    optimizer = build_optimizer(model, _args(embedding_learning_rate=embedding_learning_rate))
+    stepped = [id(p) for group in optimizer.param_groups for p in group["params"]]
+    assert sorted(stepped) == sorted({id(p) for p in model.parameters()})  # the tied decoder counts once
+    words = model.get_input_embeddings().weight
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    inputs = {"input_ids": torch.randint(5, 99, (2, 8)), "labels": torch.tensor([0, 1])}
+    if cls is SineBertForMaskedLM:
+        inputs["labels"] = inputs["input_ids"]
+    model(**inputs).loss.backward()
+    optimizer.step()
+    changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    name = "sinebert.embeddings.word_embeddings.weight"
+    assert (name in changed) == (embedding_learning_rate is None)
+    assert "sinebert.layers.0.mlp.fc1.weight" in changed
+    if embedding_learning_rate is not None:
+        (group,) = [g for g in optimizer.param_groups if any(p is words for p in g["params"])]
+        assert group["lr"] == embedding_learning_rate and group["params"] == [words]
