@@ -4,8 +4,9 @@
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
     python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory or peak)
 
-Measures (each model in its own best setting: sinebert with its pretraining settings, BERT with
-attn_implementation="sdpa"; steps interleaved, so machine noise hits both alike):
+Measures (each model in its own best setting: sinebert with its pretraining settings, those of
+configs/cram/pretrain.yaml, BERT with attn_implementation="sdpa" and its own defaults, and BERT again without
+dropout, as sinebert pretrains; steps interleaved, so machine noise hits all alike):
 - pretraining step throughput (tokens/s) at two sizes, fp32 and bf16 autocast, batch 32 x 128, 15% masking;
   and the model FLOP/s of each as a share of this machine's matmul peak for that dtype (measured here);
 - inference throughput on the SST-2 dev sentences in batches of 32 padded to the longest, as users run BERT;
@@ -38,6 +39,9 @@ DATA = ROOT.parent / "shared" / "data"
 SIZES = {"small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
          "base-ish": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, intermediate_size=2048)}
 VOCAB, BATCH, SEQ, MASKING = 16000, 32, 128, 0.15
+RECIPE = ROOT / "configs" / "cram" / "pretrain.yaml"
+RECIPE_SETTINGS = ("norm_placement", "scale_embeddings", "hidden_dropout_prob", "attention_probs_dropout_prob",
+                   "attention_init")
 # The same benchmark on a GPU machine: models, batches and autocast go to CUDA, timings synchronise it, and memory is
 # the CUDA allocator's peak instead of the process's RSS.
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -78,13 +82,25 @@ def matmul_peak(precision: str, n: int = 2048, repeats: int = 10) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def models(size: str, task: str = "mlm"):
-    """(sinebert, BERT) of identical dimensions; dropout 0.1 in both."""
+def pretraining_settings() -> dict:
+    """sinebert's pretraining settings from the cram recipe (pre-LN, scaled embeddings, no dropout, mimetic
+    attention); the masked-LM head predicts only the masked tokens, as `scripts/pretrain.py` sets it."""
+    import yaml
+
+    recipe = yaml.safe_load(RECIPE.read_text())
+    return {key: recipe[key] for key in RECIPE_SETTINGS} | {"sparse_prediction": True}
+
+
+def models(size: str, task: str = "mlm", bert_dropout: float | None = None):
+    """(sinebert, BERT) of identical dimensions. For MLM sinebert takes its pretraining settings and BERT its own
+    defaults (dropout 0.1), or `bert_dropout`; for classification both take their defaults (inference only)."""
     dims = dict(SIZES[size], vocab_size=VOCAB, max_position_embeddings=512, type_vocab_size=2)
     torch.manual_seed(0)
     if task == "mlm":
-        ours = SineBertForMaskedLM(SineBertConfig(**dims, sparse_prediction=True))
-        theirs = BertForMaskedLM(BertConfig(**dims, attn_implementation="sdpa"))
+        ours = SineBertForMaskedLM(SineBertConfig(**dims, **pretraining_settings()))
+        dropout = {} if bert_dropout is None else {"hidden_dropout_prob": bert_dropout,
+                                                   "attention_probs_dropout_prob": bert_dropout}
+        theirs = BertForMaskedLM(BertConfig(**dims, **dropout, attn_implementation="sdpa"))
     else:
         ours = SineBertForSequenceClassification(SineBertConfig(**dims, num_labels=2))
         theirs = BertForSequenceClassification(BertConfig(**dims, num_labels=2, attn_implementation="sdpa"))
@@ -97,28 +113,31 @@ def masked_batch(generator: torch.Generator) -> dict:
     return {"input_ids": torch.where(chosen, 4, ids).to(DEVICE), "labels": torch.where(chosen, ids, -100).to(DEVICE)}
 
 
-def training_flops_per_token(size: str, dense_decoder: bool) -> float:
+def training_flops_per_token(size: str, sparse: bool) -> float:
     """Matmul FLOPs of one training step per token: 6 x parameters used per token (forward 2, backward 4), plus
-    attention scores and mixing; the decoder counts for every token (BERT) or only masked ones (sinebert)."""
+    attention scores and mixing. BERT runs every token through every layer and the decoder; sinebert (`sparse`)
+    runs only the masked ones through the decoder and through the last layer after its attention (output
+    projection and feed-forward network)."""
     d, layers, ffn = SIZES[size]["hidden_size"], SIZES[size]["num_hidden_layers"], SIZES[size]["intermediate_size"]
-    per_layer = 4 * d * d + 2 * d * ffn
+    read_only = d * d + 2 * d * ffn  # the last layer's parameters that see only the rows the head reads
     attention = 2 * 2 * SEQ * d  # QK^T and AV per token per layer
     head = d * d + d * VOCAB
-    share = 1.0 if dense_decoder else MASKING
-    return 6 * (layers * per_layer + share * head) + 3 * layers * attention
+    share = MASKING if sparse else 1.0
+    parameters = layers * (3 * d * d + read_only) - (1 - share) * read_only + share * head
+    return 6 * parameters + 3 * layers * attention
 
 
 def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> dict:
-    """Median tokens/s of interleaved training steps (after `warmup` steps each). Both use the fused AdamW step that
-    sinebert's Trainer uses: the optimizer is not what is compared."""
+    """Median tokens/s of interleaved training steps (after `warmup` steps each) of sinebert, BERT, and BERT without
+    dropout. All use the fused AdamW step that sinebert's Trainer uses: the optimizer is not what is compared."""
     ours, theirs = models(size)
-    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
-                  for name, m in (("sinebert", ours), ("bert", theirs))}
+    contenders = {"sinebert": ours, "bert": theirs, "bert_no_dropout": models(size, bert_dropout=0.0)[1]}
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for name, m in contenders.items()}
     generator = torch.Generator().manual_seed(0)
     batches = [masked_batch(generator) for _ in range(4)]
-    times = {"sinebert": [], "bert": []}
+    times = {name: [] for name in contenders}
     for step in range(steps + warmup):
-        for name, model in (("sinebert", ours), ("bert", theirs)):
+        for name, model in contenders.items():
             batch = batches[step % len(batches)]
             synchronize()
             start = time.perf_counter()
@@ -134,9 +153,10 @@ def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> 
     for name in times:
         seconds = statistics.median(times[name])
         result[f"{name}_tokens_per_second"] = BATCH * SEQ / seconds
-        flops = training_flops_per_token(size, dense_decoder=name == "bert") * BATCH * SEQ / seconds
+        flops = training_flops_per_token(size, sparse=name == "sinebert") * BATCH * SEQ / seconds
         result[f"{name}_gflops"] = flops / 1e9
     result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
+    result["speedup_no_dropout"] = result["sinebert_tokens_per_second"] / result["bert_no_dropout_tokens_per_second"]
     return result
 
 
@@ -278,12 +298,14 @@ def markdown(report: dict) -> str:
     lines = [f"sinebert vs Hugging Face BERT, {report['date']}, {report['machine']}; matmul peak "
              f"{report['peak_gflops']['fp32']:.0f} GFLOP/s fp32, {report['peak_gflops']['bf16']:.0f} bf16 (autocast)"
              + (f", measured {report['peak_date']}." if report.get("peak_date") else "."), "",
-             "| pretraining step | BERT tokens/s | sinebert tokens/s | speed-up | sinebert share of peak |",
-             "|---|---|---|---|---|"]
+             "| pretraining step | BERT tokens/s | sinebert tokens/s | speed-up | sinebert share of peak | "
+             "BERT without dropout tokens/s | speed-up over it |",
+             "|---|---|---|---|---|---|---|"]
     for r in report["training"]:
         share = r["sinebert_gflops"] / report["peak_gflops"][r["precision"]]
         lines.append(f"| {r['size']} {r['precision']} | {r['bert_tokens_per_second']:,.0f} | "
-                     f"{r['sinebert_tokens_per_second']:,.0f} | {r['speedup']:.2f}x | {share:.0%} |")
+                     f"{r['sinebert_tokens_per_second']:,.0f} | {r['speedup']:.2f}x | {share:.0%} | "
+                     f"{r['bert_no_dropout_tokens_per_second']:,.0f} | {r['speedup_no_dropout']:.2f}x |")
     lines += ["", "| SST-2 dev inference | BERT tokens/s | sinebert tokens/s | speed-up |", "|---|---|---|---|"]
     for r in report["inference"]:
         lines.append(f"| {r['precision']} | {r['bert_tokens_per_second']:,.0f} | {r['sinebert_tokens_per_second']:,.0f}"

@@ -630,7 +630,6 @@ class SineBertModel(SineBertPreTrainedModel):
             attentions=tuple(all_attentions) if output_attentions else None,
         )
 
-
     @staticmethod
     def _check_output_mask(output_mask: torch.Tensor, attention_mask: torch.Tensor | None, shape: torch.Size):
         if output_mask.shape != shape:
@@ -639,7 +638,10 @@ class SineBertModel(SineBertPreTrainedModel):
                 f"{tuple(output_mask.shape)}."
             )
         if attention_mask is not None and bool((output_mask.bool() & ~attention_mask.bool()).any()):
-            raise ValueError("output_mask selects padding positions (attention_mask 0); select real tokens only.")
+            raise ValueError(
+                "The positions to read (output_mask, or masked-LM labels other than -100) include padding "
+                "(attention_mask 0); read real tokens only."
+            )
 
     @staticmethod
     def _output_rows(output_mask: torch.Tensor, attention_mask: torch.Tensor | None, unpadded: "Unpadded | None"):
@@ -752,10 +754,10 @@ class SineBertForSequenceClassification(SineBertPreTrainedModel):
         weights = attention_mask.to(hidden_states.dtype)[..., None]  # (batch, seq, 1)
         return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
-    def _first_token_mask(self, inputs: torch.Tensor | None, attention_mask: torch.Tensor | None):
-        """`(batch, seq)` True at the first token, for the encoder to compute only there under "cls" pooling; None
-        with mean pooling, or where a row starts with padding (left-padded batches)."""
-        if self.config.classifier_pooling != "cls" or inputs is None:
+    def _first_token_mask(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """`(batch, seq)` True at the first token of `inputs` (ids or embeddings), for the encoder to compute only
+        there under "cls" pooling; None with mean pooling, or where a row starts with padding (left-padded batches)."""
+        if self.config.classifier_pooling != "cls":
             return None
         if attention_mask is not None and not bool(attention_mask[:, 0].all()):
             return None

@@ -194,7 +194,7 @@ def test_output_mask_selects_rows_on_every_path_and_rejects_padding_and_wrong_sh
             hidden = model(**inputs, output_mask=read, output_hidden_states=True)
             torch.testing.assert_close(hidden.last_hidden_state, full[read])
             assert hidden.hidden_states[-1].shape == (2, 12, 32)
-            with pytest.raises(ValueError, match=r"output_mask selects padding positions"):
+            with pytest.raises(ValueError, match=r"include padding \(attention_mask 0\); read real tokens only"):
                 model(**inputs, output_mask=read.index_fill(1, torch.tensor([8]), True))
             with pytest.raises(ValueError, match=r"output_mask must have the shape of the input, \(batch, seq\)"):
                 model(**inputs, output_mask=read[:, :5])
