@@ -2,7 +2,9 @@
 
 import collections
 import json
+import os
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401
-from tests.conftest import launch_script, load_script, user_error
+from tests.conftest import ROOT, accelerate_command, launch_script, load_script, user_error
 
 pytestmark = pytest.mark.slow
 
@@ -152,6 +154,23 @@ def test_refuses_to_overwrite_another_run_and_checks_the_tokenizer(sst2_corpus, 
     assert "The tokenizer has 600 tokens but the model's vocab_size is 100" in user_error(capsys, pretrain, argv)
     argv = [*data(sst2_corpus, tokenizer_dir), *TINY, "--letter_case", "--output_dir", tmp_path / "cased"]
     assert "Pretraining cannot give the model letter case" in user_error(capsys, pretrain, argv)
+
+
+def test_two_processes_refuse_a_busy_output_dir_with_one_sentence_and_no_traceback_of_the_second(
+    sst2_corpus, tokenizer_dir, tmp_path
+):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone else's run")
+    command = accelerate_command(str(ROOT / "scripts" / "pretrain.py"), processes=2)
+    argv = [*data(sst2_corpus, tokenizer_dir), *TINY, "--max_train_steps", 1, "--output_dir", out]
+    result = subprocess.run([*command, *map(str, argv)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "ACCELERATE_USE_CPU": "true"}, cwd=ROOT)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "already holds files from another run" in errors[0]
+    assert "[rank1]" not in result.stderr and "Connection closed" not in result.stderr  # the second stops alike
+    assert (out / "notes.txt").read_text() == "someone else's run"
 
 
 def test_time_budget_sets_the_length_and_the_schedule(sst2_corpus, tokenizer_dir, tmp_path):

@@ -21,13 +21,13 @@ from pathlib import Path
 import safetensors.torch
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, broadcast, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from .checkpoint import CheckpointManager
-from .errors import UserError
+from .errors import SharedUserError, UserError
 from .reporting import MetricsLog, plot_curves, write_json
 
 
@@ -105,19 +105,21 @@ def cpu_has_native_bf16() -> bool:
 def claim_output_dir(args, accelerator: Accelerator):
     """Refuse to write over a different run unless --overwrite_output_dir; resuming continues the run there."""
     output = Path(args.output_dir)
+    refused = torch.zeros(1, dtype=torch.long, device=accelerator.device)
     if accelerator.is_main_process:
         occupied = output.is_dir() and any(output.iterdir())
-        if occupied and not args.resume_from_checkpoint:
-            if not args.overwrite_output_dir:
-                raise UserError(
-                    f"--output_dir {output} already holds files from another run; pass --overwrite_output_dir to "
-                    "replace it, --resume_from_checkpoint latest to continue it, or choose another folder."
-                )
+        if occupied and not args.resume_from_checkpoint and not args.overwrite_output_dir:
+            refused += 1
+        elif occupied and not args.resume_from_checkpoint:
             for stale in ("checkpoints", "metrics.jsonl"):
                 path = output / stale
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         output.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
+    if broadcast(refused).item():  # every process learns the main one's decision (and waits for the folder)
+        raise SharedUserError(
+            f"--output_dir {output} already holds files from another run; pass --overwrite_output_dir to replace "
+            "it, --resume_from_checkpoint latest to continue it, or choose another folder."
+        )
 
 
 def build_optimizer(model: nn.Module, args) -> torch.optim.AdamW:
