@@ -3,9 +3,10 @@
     python benchmarks/pretrain_throughput.py            # fp32 and bf16, one and two processes
     python benchmarks/pretrain_throughput.py --quick    # a few steps, to check the benchmark runs
 
-Runs the real script (data loading, masking, optimizer, logging) for a fixed number of steps on the unlabelled text
-of the training splits in ../shared/data, and reads the tokens/s it logged after a warm-up window. Writes
-benchmarks/results/pretrain_throughput.{json,md}.
+Runs the real script (data loading, masking, optimizer, logging) with the settings of the CPU cram's pretraining
+(configs/cram/pretrain.yaml: the model and training settings that benchmarks/speed.py times step by step) for a fixed
+number of steps on the unlabelled text of the training splits in ../shared/data, and reads the tokens/s it logged
+after a warm-up window. Writes benchmarks/results/pretrain_throughput.{json,md}.
 """
 
 import argparse
@@ -22,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
-MODEL = ["--hidden_size", "256", "--num_hidden_layers", "4", "--num_attention_heads", "4", "--intermediate_size", "1024"]
+RECIPE = ROOT / "configs" / "cram" / "pretrain.yaml"  # hidden 256, 4 layers, 4 heads, FFN 1024, no dropout
 
 
 def training_text(folder: Path, max_lines: int) -> Path:
@@ -60,7 +61,8 @@ def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: P
     out = work / f"run_{processes}_{precision}"
     start = time.perf_counter()
     launch(processes, precision, [
-        "--train_file", str(data), "--tokenizer_name", str(tokenizer), *MODEL, "--max_seq_length", "128",
+        "--config_file", str(RECIPE), "--train_file", str(data), "--tokenizer_name", str(tokenizer),
+        "--max_seq_length", "128",
         "--per_device_train_batch_size", str(batch // processes), "--max_train_steps", str(steps),
         "--logging_steps", str(max(1, steps // 8)), "--eval_steps", str(10 * steps), "--max_eval_samples", "64",
         "--output_dir", str(out), "--overwrite_output_dir",
@@ -92,7 +94,7 @@ def main():
         results = [measure(p, precision, data, work / "tokenizer", work, steps[precision], args.batch)
                    for p, precision in configs]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} cores", "model": "hidden 256, 4 layers, 4 heads, FFN 1024, vocab 16000, seq 128",
+              f"{os.cpu_count()} cores", "model": "configs/cram/pretrain.yaml: hidden 256, 4 layers, 4 heads, FFN 1024, vocab 16000, seq 128",
               "results": results}
     if args.quick:
         print(json.dumps(report, indent=2))
