@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
-RECIPE = ROOT / "configs" / "cram" / "pretrain.yaml"  # hidden 256, 4 layers, 4 heads, FFN 1024, no dropout
+RECIPE = ROOT / "configs" / "cram" / "pretrain.yaml"  # hidden 256, 4 layers, 4 heads, FFN 1024, seq 128, no dropout
 
 
 def training_text(folder: Path, max_lines: int) -> Path:
@@ -62,7 +62,6 @@ def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: P
     start = time.perf_counter()
     launch(processes, precision, [
         "--config_file", str(RECIPE), "--train_file", str(data), "--tokenizer_name", str(tokenizer),
-        "--max_seq_length", "128",
         "--per_device_train_batch_size", str(batch // processes), "--max_train_steps", str(steps),
         "--logging_steps", str(max(1, steps // 8)), "--eval_steps", str(10 * steps), "--max_eval_samples", "64",
         "--output_dir", str(out), "--overwrite_output_dir",
@@ -94,7 +93,8 @@ def main():
         results = [measure(p, precision, data, work / "tokenizer", work, steps[precision], args.batch)
                    for p, precision in configs]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} cores", "model": "configs/cram/pretrain.yaml: hidden 256, 4 layers, 4 heads, FFN 1024, vocab 16000, seq 128",
+              f"{os.cpu_count()} cores",
+              "model": "configs/cram/pretrain.yaml: hidden 256, 4 layers, 4 heads, FFN 1024, vocab 16000, seq 128",
               "results": results}
     if args.quick:
         print(json.dumps(report, indent=2))

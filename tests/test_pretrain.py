@@ -72,7 +72,7 @@ def test_two_processes_match_one_process_with_twice_the_batch(sst2_corpus, token
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
 
 
-def test_resume_continues_exactly(sst2_corpus, tokenizer_dir, tmp_path):
+def test_resume_continues_exactly(sst2_corpus, tokenizer_dir, tmp_path, capsys):
     common = [*data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
               "--eval_steps", 12, "--checkpointing_steps", 8, "--checkpoints_total_limit", 3]
     launch(*common, "--output_dir", tmp_path / "full")
@@ -89,6 +89,10 @@ def test_resume_continues_exactly(sst2_corpus, tokenizer_dir, tmp_path):
     assert train_losses(stopped) == train_losses(tmp_path / "full")  # the stale step-17 row was replaced
     a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(stopped / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # Resuming with another optimizer layout is one sentence, not torch's error from inside load_state_dict.
+    argv = [*common, "--output_dir", stopped, "--resume_from_checkpoint", "latest", "--embedding_learning_rate", 1e-3]
+    message = user_error(capsys, load_script("pretrain"), argv)
+    assert "was written with other optimizer parameter groups than this run's" in message
 
 
 def consumed_tokens(folder, processes: int) -> collections.Counter:

@@ -76,7 +76,8 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--learning_rate", type=float, default=learning_rate)
     group.add_argument(
         "--embedding_learning_rate", type=float, default=None,
-        help="Peak learning rate of the word embeddings, on the same schedule (default: --learning_rate).",
+        help="Peak learning rate of the word embeddings (and of a masked-LM decoder tied to them), on the same "
+             "schedule (default: --learning_rate).",
     )
     group.add_argument("--weight_decay", type=float, default=0.01, help="AdamW decay; never on biases or LayerNorms.")
     group.add_argument("--adam_beta1", type=float, default=0.9)

@@ -181,4 +181,12 @@ class CheckpointManager:
                 f"({str(error).splitlines()[0][:160]}); it was refused because unpickling such objects can run code. "
                 "Resume from a checkpoint this project wrote."
             ) from None
+        except ValueError as error:
+            if "parameter group" not in str(error):
+                raise
+            raise CheckpointError(
+                f"Checkpoint {path} was written with other optimizer parameter groups than this run's ({error}); "
+                "resume with the settings it was written with (--embedding_learning_rate given or not, the same "
+                "model), or start a new run."
+            ) from None
         return json.loads((path / TRAINER_STATE).read_text())
