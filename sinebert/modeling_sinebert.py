@@ -544,6 +544,10 @@ class Unpadded(NamedTuple):
         """`(batch, seq, ...)` -> `(n_real, ...)`."""
         return values.flatten(0, 1).index_select(0, self.tokens)
 
+    def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """Flattened `(batch * seq)` positions of real tokens -> their rows in the `(n_real, ...)` layout."""
+        return torch.searchsorted(self.tokens, positions)
+
     def pad(self, values: torch.Tensor) -> torch.Tensor:
         """`(n_real, ...)` -> `(batch, seq, ...)`, zeros at the padding."""
         # In place into fresh zeros: the out-of-place index_copy would first copy the zeros.
@@ -607,7 +611,8 @@ class SineBertModel(SineBertPreTrainedModel):
             hidden_states = unpadded.unpad(hidden_states)  # (n_real, hidden)
         rows = None
         if output_mask is not None and not output_hidden_states and self.config._attn_implementation != "eager":
-            rows = self._output_rows(output_mask, attention_mask, unpadded)
+            positions = output_mask.bool().flatten().nonzero().squeeze(-1)  # (num_true,) in the flattened batch
+            rows = positions if unpadded is None else unpadded.rows_of(positions)
         all_hidden_states, all_attentions = [], []
         for index, layer in enumerate(self.layers):
             all_hidden_states.append(hidden_states)
@@ -643,14 +648,6 @@ class SineBertModel(SineBertPreTrainedModel):
                 "(attention_mask 0); read real tokens only."
             )
 
-    @staticmethod
-    def _output_rows(output_mask: torch.Tensor, attention_mask: torch.Tensor | None, unpadded: "Unpadded | None"):
-        """Indices `(num_true,)` of `output_mask`'s positions among the rows the layers carry: the flattened
-        `(batch * seq)` positions, or with `unpadded` the real tokens only."""
-        selected = output_mask.bool().flatten()
-        if unpadded is None:
-            return selected.nonzero().squeeze(-1)
-        return (attention_mask.bool().flatten().cumsum(0) - 1)[selected]
 
     def _layer_masks(self, attention_mask: torch.Tensor | None, seq: int, device: torch.device) -> dict:
         """The masks of one forward pass, built once and keyed by layer type: the padding mask `(batch, 1, 1, seq)`
