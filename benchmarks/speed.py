@@ -116,15 +116,15 @@ def masked_batch(generator: torch.Generator) -> dict:
 def training_flops_per_token(size: str, sparse: bool) -> float:
     """Matmul FLOPs of one training step per token: 6 x parameters used per token (forward 2, backward 4), plus
     attention scores and mixing. BERT runs every token through every layer and the decoder; sinebert (`sparse`)
-    runs only the masked ones through the decoder and through the last layer after its attention (output
-    projection and feed-forward network)."""
+    runs only the masked ones through the decoder and, in the last layer, through the query projection, attention,
+    output projection and feed-forward network (keys and values still come from every token)."""
     d, layers, ffn = SIZES[size]["hidden_size"], SIZES[size]["num_hidden_layers"], SIZES[size]["intermediate_size"]
-    read_only = d * d + 2 * d * ffn  # the last layer's parameters that see only the rows the head reads
-    attention = 2 * 2 * SEQ * d  # QK^T and AV per token per layer
+    read_only = 2 * d * d + 2 * d * ffn  # the last layer's parameters that see only the rows the head reads
+    attention = 2 * 2 * SEQ * d  # QK^T and AV per query per layer
     head = d * d + d * VOCAB
     share = MASKING if sparse else 1.0
-    parameters = layers * (3 * d * d + read_only) - (1 - share) * read_only + share * head
-    return 6 * parameters + 3 * layers * attention
+    parameters = layers * (2 * d * d + read_only) - (1 - share) * read_only + share * head
+    return 6 * parameters + 3 * (layers - 1 + share) * attention
 
 
 def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> dict:

@@ -333,20 +333,74 @@ class SineBertAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         unpadded: "Unpadded | None" = None,
-        rows: torch.Tensor | None = None,
+        output_rows: "OutputRows | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`. With
-        `rows` (indices into the flattened rows of `hidden_states`), the output is `(len(rows), hidden)`: every
-        token is still a key and a value, but only those rows are projected out."""
+        `output_rows`, the output is `(n_rows, hidden)`: every token is still a key and a value, but only those rows
+        are queries (under full attention) and are projected out."""
+        if output_rows is not None and self.layer_type == "full_attention":
+            return self._attend_output_rows(hidden_states, attention_mask, unpadded, output_rows), None
         qkv = self.qkv_proj(hidden_states)  # (batch, seq, 3 * hidden) or (n_real, 3 * hidden)
+        hidden = qkv.shape[-1] // 3
+        if unpadded is not None and self.layer_type == "full_attention":
+            # Each bucket of similar-length sequences padded only to its own longest: (n_real, hidden)
+            parts = [
+                bucket.layout.unpad(self._attend(bucket.layout.pad(qkv[bucket.rows]), bucket.mask, output_attentions)[0])
+                for bucket in unpadded.buckets
+            ]
+            output, weights = torch.cat(parts) if parts else qkv.new_zeros(0, hidden), None
+        elif unpadded is not None:  # sliding windows need the batch's own positions; padding keys are masked
+            output, weights = self._attend(unpadded.layout.pad(qkv), attention_mask, output_attentions)
+            output = unpadded.layout.unpad(output)  # (n_real, hidden)
+        else:
+            output, weights = self._attend(qkv, attention_mask, output_attentions)
+        if output_rows is not None:
+            output = output.reshape(-1, hidden).index_select(0, output_rows.index)  # (n_rows, hidden)
+        return self.out_proj(output), weights
+
+    def _attend_output_rows(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        unpadded: "Unpadded | None",
+        output_rows: "OutputRows",
+    ) -> torch.Tensor:
+        """Full attention with only the rows read as queries -> `(n_rows, hidden)` after the output projection."""
+        hidden = self.out_proj.in_features
+        weight, bias = self.qkv_proj.weight, self.qkv_proj.bias  # (3 * hidden, hidden): query, key, value
+        rows = hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, output_rows.index)
+        query = output_rows.layout.pad(F.linear(rows, weight[:hidden], bias[:hidden]))  # (batch, queries, hidden)
+        key_value = F.linear(hidden_states, weight[hidden:], bias[hidden:])  # (..., 2 * hidden) for every token
         if unpadded is not None:
-            qkv = unpadded.pad(qkv)  # back to (batch, seq, 3 * hidden) for the kernel; padding keys are masked
-        batch, seq, hidden = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-        if seq == 0:  # nothing to attend to, and SDPA rejects empty sequences
-            return self.out_proj(hidden_states), None
+            key_value = unpadded.layout.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked
+        batch, seq = key_value.shape[:2]
+        query = query.view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, queries, dim)
+        key, value = key_value.view(batch, seq, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        output, _ = self._kernel(query, key, value, attention_mask)  # (batch, queries, hidden)
+        return self.out_proj(output_rows.layout.unpad(output))
+
+    def _attend(
+        self, qkv: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """qkv: `(batch, seq, 3 * hidden)` -> the heads' outputs `(batch, seq, hidden)`, and the weights under eager."""
+        batch, seq = qkv.shape[:2]
         # (batch, seq, 3 * hidden) -> (3, batch, heads, seq, head_dim)
-        qkv = qkv.view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        query, key, value = qkv.unbind(0)
+        query, key, value = qkv.view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return self._kernel(query, key, value, attention_mask, output_attentions)
+
+    def _kernel(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """query `(batch, heads, q_seq, head_dim)`, key and value `(batch, heads, seq, head_dim)` -> `(batch, q_seq,
+        hidden)` through the kernel of this layer's attn_implementation, and the weights under eager."""
+        batch, q_seq = query.shape[0], query.shape[2]
+        if q_seq == 0 or key.shape[2] == 0:  # nothing to compute, and SDPA rejects empty sequences
+            return query.new_zeros(batch, q_seq, self.num_heads * self.head_dim), None
         kernel = attention_kernel(self.config._attn_implementation, self.layer_type)
         if output_attentions and kernel != "eager":
             raise ValueError(
@@ -364,12 +418,7 @@ class SineBertAttention(nn.Module):
             sliding_window=self.sliding_window,
             global_positions=self.global_positions,
         )
-        output = output.reshape(batch, seq, hidden)  # (batch, seq, heads, head_dim) -> (batch, seq, hidden)
-        if unpadded is not None:
-            output = unpadded.unpad(output)  # (n_real, hidden)
-        if rows is not None:
-            output = output.reshape(-1, hidden).index_select(0, rows)  # (n_rows, hidden)
-        return self.out_proj(output), weights
+        return output.reshape(batch, q_seq, -1), weights  # (batch, q_seq, heads, head_dim) -> (batch, q_seq, hidden)
 
     def kernel_description(self) -> str:
         """What this layer attends to and which kernel runs it, e.g. `sliding_attention(window=128, global=[0]) via
@@ -417,17 +466,17 @@ class SineBertLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         unpadded: "Unpadded | None" = None,
-        rows: torch.Tensor | None = None,
+        output_rows: "OutputRows | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`. With
-        `rows`, the layer returns only those rows, `(len(rows), hidden)`, and computes its residual, norms and
+        `output_rows`, the layer returns only those rows, `(n_rows, hidden)`, and computes its residual, norms and
         feed-forward network on them alone (the rows a head reads, in the last layer)."""
         attended, weights = self.attention(
             self.attention_norm(hidden_states) if self.pre_norm else hidden_states,
-            attention_mask, output_attentions, unpadded, rows,
+            attention_mask, output_attentions, unpadded, output_rows,
         )
-        if rows is not None:
-            hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, rows)
+        if output_rows is not None:
+            hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, output_rows.index)
         if self.pre_norm:
             hidden_states = hidden_states + self.dropout(attended)
             hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
@@ -524,35 +573,119 @@ def _padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask[:, None, None, :]
 
 
-class Unpadded(NamedTuple):
-    """Where the real tokens of a padded `(batch, seq)` batch sit once the padding is taken out.
+class PaddedLayout(NamedTuple):
+    """Where `n` rows go in a padded `(batch, seq)` grid: `slots`, their places in the flattened grid, and `padding`,
+    the other places."""
 
-    Projections, feed-forward layers and LayerNorms then run on `(n_real, hidden)` rows only (Portes et al., 2023,
-    MosaicBERT; ModernBERT): with mixed-length batches most of the work is no longer spent on padding. Attention
-    puts the rows back into `(batch, seq)` shape for its kernel.
-    """
-
-    tokens: torch.Tensor  # (n_real,) positions of the real tokens in the flattened (batch * seq) batch
+    slots: torch.Tensor  # (n,)
+    padding: torch.Tensor  # (batch * seq - n,)
     batch: int
     seq: int
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor) -> "Unpadded":
-        return cls(attention_mask.flatten().nonzero().squeeze(-1), *attention_mask.shape)
+    def of(cls, real: torch.Tensor, slots: torch.Tensor | None = None) -> "PaddedLayout":
+        """real: `(batch, seq)` bool, True where a row goes; the rows fill those places in row-major order unless
+        `slots` gives another order."""
+        if slots is None:
+            slots = real.flatten().nonzero().squeeze(-1)
+        return cls(slots, (~real).flatten().nonzero().squeeze(-1), *real.shape)
+
+    def pad(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n, ...)` -> `(batch, seq, ...)`, zeros at the padding."""
+        # Every place written once: zeroing the whole grid first would write it twice.
+        padded = values.new_empty(self.batch * self.seq, *values.shape[1:])
+        padded.index_copy_(0, self.slots, values).index_fill_(0, self.padding, 0)
+        return padded.view(self.batch, self.seq, *values.shape[1:])
 
     def unpad(self, values: torch.Tensor) -> torch.Tensor:
-        """`(batch, seq, ...)` -> `(n_real, ...)`."""
-        return values.flatten(0, 1).index_select(0, self.tokens)
+        """`(batch, seq, ...)` -> `(n, ...)`."""
+        return values.flatten(0, 1).index_select(0, self.slots)
+
+
+class AttentionBucket(NamedTuple):
+    """Sequences of similar length, padded together to the longest of them for the attention kernel."""
+
+    rows: slice  # their rows in the `(n_real, ...)` layout of Unpadded
+    layout: PaddedLayout  # of those rows in the bucket's `(batch, seq)` grid
+    mask: torch.Tensor | None  # (batch, 1, 1, seq) True at real tokens, or None when all are as long as the longest
+
+
+# A bucket of its own costs a kernel call (and its copies): on a 2-core CPU about what attention over one sequence of
+# 64 tokens costs, so a batch is split only where that saves more. Measured with the SST-2 dev batches of
+# benchmarks/speed.py, where 1 to 4 buckets of equal size cover nearly all of the gain.
+BUCKET_COST = 64 * 64
+MAX_BUCKETS = 4
+
+
+def attention_buckets(lengths: list[int], device: torch.device) -> tuple[AttentionBucket, ...]:
+    """Splits sequences of `lengths` (longest first; their rows follow one another in that order) into at most
+    MAX_BUCKETS runs of equal count, as many as make the padded attention work, sum(batch * seq**2), plus
+    BUCKET_COST per bucket smallest. Sequences without tokens join no bucket."""
+    lengths = [n for n in lengths if n]
+    if not lengths:
+        return ()
+
+    def runs(count: int) -> list[list[int]]:
+        size = -(-len(lengths) // count)
+        return [lengths[i : i + size] for i in range(0, len(lengths), size)]
+
+    def cost(split: list[list[int]]) -> int:
+        return sum(len(run) * run[0] ** 2 + BUCKET_COST for run in split)
+
+    buckets, start = [], 0
+    for run in min((runs(count) for count in range(1, MAX_BUCKETS + 1)), key=cost):
+        # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
+        # were added to the embeddings), so where the padding was (left or right) does not matter.
+        real = torch.arange(run[0], device=device) < torch.tensor(run, device=device)[:, None]  # (batch, seq)
+        mask = None if run[-1] == run[0] else real[:, None, None, :]
+        buckets.append(AttentionBucket(slice(start, start + sum(run)), PaddedLayout.of(real), mask))
+        start += sum(run)
+    return tuple(buckets)
+
+
+class Unpadded(NamedTuple):
+    """Where the real tokens of a padded `(batch, seq)` batch sit once the padding is taken out.
+
+    Projections, feed-forward layers and LayerNorms then run on `(n_real, hidden)` rows only (Portes et al., 2023,
+    MosaicBERT; ModernBERT): with mixed-length batches most of the work is no longer spent on padding. The rows hold
+    the sequences longest first, so that full attention can run on buckets of similar length, each padded only to its
+    own longest (`buckets`); sliding-window attention puts the rows back into the `(batch, seq)` batch (`layout`).
+    """
+
+    layout: PaddedLayout  # of the rows in the batch
+    buckets: tuple[AttentionBucket, ...]
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor) -> "Unpadded":
+        real = attention_mask.bool()
+        lengths = real.sum(1)  # (batch,)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
+        layout = PaddedLayout.of(real, slots=positions[real[order]])
+        return cls(layout, attention_buckets(lengths[order].tolist(), real.device))
 
     def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Flattened `(batch * seq)` positions of real tokens -> their rows in the `(n_real, ...)` layout."""
-        return torch.searchsorted(self.tokens, positions)
+        slots = self.layout.slots
+        row = torch.full((self.layout.batch * self.layout.seq,), -1, dtype=torch.long, device=slots.device)
+        row[slots] = torch.arange(len(slots), device=slots.device)
+        return row[positions]
 
-    def pad(self, values: torch.Tensor) -> torch.Tensor:
-        """`(n_real, ...)` -> `(batch, seq, ...)`, zeros at the padding."""
-        # In place into fresh zeros: the out-of-place index_copy would first copy the zeros.
-        padded = values.new_zeros(self.batch * self.seq, *values.shape[1:]).index_copy_(0, self.tokens, values)
-        return padded.view(self.batch, self.seq, *values.shape[1:])
+
+class OutputRows(NamedTuple):
+    """The rows a head reads, which alone the last layer computes: `index` into the rows of its input, and `layout`,
+    the same rows as queries in a `(batch, queries)` grid, each sequence's in its own row."""
+
+    index: torch.Tensor  # (n_rows,)
+    layout: PaddedLayout
+
+    @classmethod
+    def from_mask(cls, output_mask: torch.Tensor, unpadded: "Unpadded | None") -> "OutputRows":
+        read = output_mask.bool()
+        positions = read.flatten().nonzero().squeeze(-1)  # (n_rows,) in the flattened batch, row-major
+        counts = read.sum(1)  # (batch,)
+        queries = torch.arange(int(counts.max()) if counts.numel() else 0, device=read.device) < counts[:, None]
+        return cls(positions if unpadded is None else unpadded.rows_of(positions), PaddedLayout.of(queries))
 
 
 class SineBertModel(SineBertPreTrainedModel):
@@ -608,26 +741,26 @@ class SineBertModel(SineBertPreTrainedModel):
         unpadded = None
         if masks["full_attention"] is not None and self.config._attn_implementation != "eager":
             unpadded = Unpadded.from_mask(attention_mask)
-            hidden_states = unpadded.unpad(hidden_states)  # (n_real, hidden)
-        rows = None
+            hidden_states = unpadded.layout.unpad(hidden_states)  # (n_real, hidden)
+        output_rows = None
         if output_mask is not None and not output_hidden_states and self.config._attn_implementation != "eager":
-            positions = output_mask.bool().flatten().nonzero().squeeze(-1)  # (num_true,) in the flattened batch
-            rows = positions if unpadded is None else unpadded.rows_of(positions)
+            output_rows = OutputRows.from_mask(output_mask, unpadded)
         all_hidden_states, all_attentions = [], []
         for index, layer in enumerate(self.layers):
             all_hidden_states.append(hidden_states)
             last = index == len(self.layers) - 1
             hidden_states, weights = layer(
-                hidden_states, masks[layer.attention.layer_type], output_attentions, unpadded, rows if last else None
+                hidden_states, masks[layer.attention.layer_type], output_attentions, unpadded,
+                output_rows if last else None,
             )
             all_attentions.append(weights)
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
         all_hidden_states.append(hidden_states)
-        if unpadded is not None and rows is None:
-            hidden_states = unpadded.pad(hidden_states)
-            all_hidden_states = [unpadded.pad(h) for h in all_hidden_states] if output_hidden_states else []
-        if output_mask is not None and rows is None:  # the reference path: every position computed, then selected
+        if unpadded is not None and output_rows is None:
+            hidden_states = unpadded.layout.pad(hidden_states)
+            all_hidden_states = [unpadded.layout.pad(h) for h in all_hidden_states] if output_hidden_states else []
+        if output_mask is not None and output_rows is None:  # the reference path: every position computed, then selected
             hidden_states = hidden_states[output_mask.bool()]
         return BaseModelOutput(
             last_hidden_state=hidden_states,

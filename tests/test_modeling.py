@@ -12,7 +12,15 @@ from sinebert import (
     SineBertForTokenClassification,
     SineBertModel,
 )
-from sinebert.modeling_sinebert import SineBertAttention, _padding_mask, cross_segment_matches, sinusoidal_encoding
+from sinebert.modeling_sinebert import (
+    BUCKET_COST,
+    SineBertAttention,
+    Unpadded,
+    _padding_mask,
+    attention_buckets,
+    cross_segment_matches,
+    sinusoidal_encoding,
+)
 from tests.conftest import tiny_config
 
 ALL_HEADS = [
@@ -178,6 +186,54 @@ def test_last_layer_computes_only_the_rows_the_head_reads_and_matches_the_refere
     a, b = eager(**inputs, labels=labels), sdpa(**inputs, labels=labels)
     assert rows_seen[-1] == read  # the feed-forward network of the last layer ran on the rows read, no others
     torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), sdpa.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_attention_buckets_split_a_batch_only_where_it_saves_more_than_a_kernel_call():
+    assert attention_buckets([], torch.device("cpu")) == attention_buckets([0, 0], torch.device("cpu")) == ()
+    (same,) = attention_buckets([50] * 8, torch.device("cpu"))
+    assert (same.rows, same.layout.batch, same.layout.seq, same.mask) == (slice(0, 400), 8, 50, None)
+    assert len(attention_buckets([12, 11, 3, 2], torch.device("cpu"))) == 1  # too small to pay for a second call
+    lengths = [100] * 4 + [5] * 4 + [0]
+    long, short = attention_buckets(lengths, torch.device("cpu"))
+    assert 4 * 100**2 + 4 * 5**2 + 2 * BUCKET_COST < 8 * 100**2 + BUCKET_COST
+    assert (long.rows, long.layout.seq, long.mask) == (slice(0, 400), 100, None)
+    assert (short.rows, short.layout.batch, short.layout.seq) == (slice(400, 420), 4, 5)
+    # A bucket's grid holds its rows in order, each sequence's at the front of its own row; zeros elsewhere.
+    ragged = attention_buckets([100, 100, 100, 90, 5, 4, 4, 2], torch.device("cpu"))[1]
+    assert ragged.mask[:, 0, 0].sum(1).tolist() == [5, 4, 4, 2]
+    rows = torch.arange(1, 16, dtype=torch.float)[:, None]
+    grid = ragged.layout.pad(rows)  # (4, 5, 1)
+    assert grid[..., 0].tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0], [10, 11, 12, 13, 0], [14, 15, 0, 0, 0]]
+    assert torch.equal(ragged.layout.unpad(grid), rows)
+
+
+@pytest.mark.parametrize("cls", [SineBertModel, SineBertForMaskedLM, SineBertForSequenceClassification])
+def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls):
+    """Batches whose lengths differ enough run full attention in several buckets; outputs and gradients equal the
+    eager reference's, with left padding, an empty row (the bare encoder) and the last layer's rows read."""
+    eager, sdpa = _model_pair(cls, num_labels=3, sparse_prediction=True, max_position_embeddings=128)
+    lengths = torch.tensor([96, 7, 64, 3, 90, 12, 40, 0 if cls is SineBertModel else 5])
+    mask = (torch.arange(96) < lengths[:, None]).long()
+    mask[1] = mask[1].flip(0)  # left padding
+    ids = torch.randint(5, 99, mask.shape, generator=torch.Generator().manual_seed(3))
+    assert len(Unpadded.from_mask(mask).buckets) > 1
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if cls is SineBertForMaskedLM:
+        chosen = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(4)) < 0.2) & mask.bool()
+        inputs["labels"] = torch.where(chosen, ids, -100)
+    elif cls is SineBertForSequenceClassification:
+        mask[1] = mask[1].flip(0)  # cls pooling reads the first token only where no row starts with padding
+        inputs["labels"] = torch.tensor([0, 2, 1, 1, 0, 2, 2, 1])
+    real = mask.bool()
+    outputs = []
+    for model in (eager, sdpa):
+        output = model(**inputs, return_dict=False)
+        values = output[1] if "labels" in inputs else output[0][real]
+        (output[0] if "labels" in inputs else values.sum()).backward()
+        outputs.append(values)
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
     for (name, p), q in zip(eager.named_parameters(), sdpa.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
