@@ -3,6 +3,7 @@
     python benchmarks/speed.py              # everything (about 15 minutes on 2 CPU cores)
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
     python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory or peak)
+    python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, those of
 configs/cram/pretrain.yaml, BERT with attn_implementation="sdpa" and its own defaults, and BERT again without
@@ -196,6 +197,21 @@ def inference_throughput(precision: str, batches: list, repeats: int) -> dict:
     return result
 
 
+def profile_inference(batches: list, rows: int = 12):
+    """Prints the operators that take most of one fp32 pass over `batches`, for each model, with their share."""
+    from torch.profiler import profile
+
+    models_ = dict(zip(("sinebert", "bert"), (m.eval() for m in models("small", task="classification"))))
+    with torch.no_grad():
+        for name, model in models_.items():
+            for batch in batches:  # warm-up
+                model(**batch)
+            with profile() as trace:
+                for batch in batches:
+                    model(**batch)
+            print(f"{name}:\n" + trace.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
 def training_peak(model_name: str, size: str, precision: str, steps: int) -> float:
     """Peak memory (MiB) of `steps` training steps of one model, run in a fresh process: the process's peak RSS on
     a CPU, the CUDA allocator's peak on a GPU."""
@@ -330,7 +346,10 @@ def main():
     parser.add_argument("--curve_steps", type=int, default=200)
     parser.add_argument("--remeasure", choices=("memory", "peak"),
                         help="Redo only this part of benchmarks/results/speed.json and rewrite the results.")
+    parser.add_argument("--profile", action="store_true", help="Profile one fp32 SST-2 dev inference pass of each.")
     args = parser.parse_args()
+    if args.profile:
+        return profile_inference(inference_batches(sst2_dev()))
     if args.remeasure:
         return remeasure(args.remeasure)
     steps = 2 if args.quick else args.steps
@@ -350,7 +369,7 @@ def main():
     report["inference"], batches = [], inference_batches(sst2_dev())
     for p in ("fp32", "bf16"):
         print(f"SST-2 dev inference: {p} ...", flush=True)
-        repeats = 1 if args.quick or (p == "bf16" and not native) else 3
+        repeats = 1 if args.quick or (p == "bf16" and not native) else 7
         report["inference"].append(inference_throughput(p, batches, repeats))
     if not args.quick:
         report["memory"] = memory_rows(cells, native)

@@ -344,10 +344,10 @@ class SineBertAttention(nn.Module):
         hidden = qkv.shape[-1] // 3
         if unpadded is not None and self.layer_type == "full_attention":
             # Each bucket of similar-length sequences padded only to its own longest: (n_real, hidden)
-            parts = [
-                bucket.layout.unpad(self._attend(bucket.layout.pad(qkv[bucket.rows]), bucket.mask, output_attentions)[0])
-                for bucket in unpadded.buckets
-            ]
+            parts = []
+            for bucket in unpadded.buckets:
+                attended, _ = self._attend(bucket.layout.pad(qkv[bucket.rows]), bucket.mask, output_attentions)
+                parts.append(bucket.layout.unpad(attended))
             output, weights = torch.cat(parts) if parts else qkv.new_zeros(0, hidden), None
         elif unpadded is not None:  # sliding windows need the batch's own positions; padding keys are masked
             output, weights = self._attend(unpadded.layout.pad(qkv), attention_mask, output_attentions)
@@ -723,8 +723,8 @@ class SineBertModel(SineBertPreTrainedModel):
         r"""
         output_mask (`torch.BoolTensor` of shape `(batch, seq)`): True where the caller reads the output. Then
             `last_hidden_state` holds only those positions, `(num_true, hidden)` in row-major order, and (except
-            under the eager reference or with `output_hidden_states`) the last layer computes its residual, norms
-            and feed-forward network only there; keys and values still come from every token. The masked-LM head
+            under the eager reference or with `output_hidden_states`) the last layer computes its queries, residual,
+            norms and feed-forward network only there; keys and values still come from every token. The masked-LM head
             passes the masked positions, the classifier with `classifier_pooling="cls"` the first token.
         """
         if (input_ids is None) == (inputs_embeds is None):
@@ -760,7 +760,7 @@ class SineBertModel(SineBertPreTrainedModel):
         if unpadded is not None and output_rows is None:
             hidden_states = unpadded.layout.pad(hidden_states)
             all_hidden_states = [unpadded.layout.pad(h) for h in all_hidden_states] if output_hidden_states else []
-        if output_mask is not None and output_rows is None:  # the reference path: every position computed, then selected
+        if output_mask is not None and output_rows is None:  # the reference: every position computed, then selected
             hidden_states = hidden_states[output_mask.bool()]
         return BaseModelOutput(
             last_hidden_state=hidden_states,
