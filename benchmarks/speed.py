@@ -4,6 +4,7 @@
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
     python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory or peak)
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
+    python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, those of
 configs/cram/pretrain.yaml, BERT with attn_implementation="sdpa" and its own defaults, and BERT again without
@@ -310,6 +311,14 @@ def plot(report: dict):
     figure.savefig(RESULTS / "speed.png", dpi=110)
 
 
+def inference_table(rows: list[dict]) -> list[str]:
+    lines = ["| SST-2 dev inference | BERT tokens/s | sinebert tokens/s | speed-up |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['precision']} | {r['bert_tokens_per_second']:,.0f} | {r['sinebert_tokens_per_second']:,.0f}"
+                     f" | {r['speedup']:.2f}x |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     lines = [f"sinebert vs Hugging Face BERT, {report['date']}, {report['machine']}; matmul peak "
              f"{report['peak_gflops']['fp32']:.0f} GFLOP/s fp32, {report['peak_gflops']['bf16']:.0f} bf16 (autocast)"
@@ -322,10 +331,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['size']} {r['precision']} | {r['bert_tokens_per_second']:,.0f} | "
                      f"{r['sinebert_tokens_per_second']:,.0f} | {r['speedup']:.2f}x | {share:.0%} | "
                      f"{r['bert_no_dropout_tokens_per_second']:,.0f} | {r['speedup_no_dropout']:.2f}x |")
-    lines += ["", "| SST-2 dev inference | BERT tokens/s | sinebert tokens/s | speed-up |", "|---|---|---|---|"]
-    for r in report["inference"]:
-        lines.append(f"| {r['precision']} | {r['bert_tokens_per_second']:,.0f} | {r['sinebert_tokens_per_second']:,.0f}"
-                     f" | {r['speedup']:.2f}x |")
+    lines += [""] + inference_table(report["inference"])
     if report.get("memory"):
         measured = f" (measured {report['memory_date']})" if report.get("memory_date") else ""
         lines += ["", f"| peak RSS of training steps{measured} | BERT MiB | sinebert MiB |", "|---|---|---|"]
@@ -347,9 +353,13 @@ def main():
     parser.add_argument("--remeasure", choices=("memory", "peak"),
                         help="Redo only this part of benchmarks/results/speed.json and rewrite the results.")
     parser.add_argument("--profile", action="store_true", help="Profile one fp32 SST-2 dev inference pass of each.")
+    parser.add_argument("--inference_only", action="store_true", help="Measure only inference; print, do not save.")
     args = parser.parse_args()
     if args.profile:
         return profile_inference(inference_batches(sst2_dev()))
+    if args.inference_only:
+        native = DEVICE.type == "cuda" or cpu_has_native_bf16()
+        return print("\n".join(inference_table(inference_rows(args.quick, native))))
     if args.remeasure:
         return remeasure(args.remeasure)
     steps = 2 if args.quick else args.steps
@@ -366,11 +376,7 @@ def main():
         print(f"training steps: {size} {p} ...", flush=True)
         report["training"].append(train_throughput(size, p, steps, 2) if p == "fp32" or native
                                   else train_throughput(size, p, 1, 1))
-    report["inference"], batches = [], inference_batches(sst2_dev())
-    for p in ("fp32", "bf16"):
-        print(f"SST-2 dev inference: {p} ...", flush=True)
-        repeats = 1 if args.quick or (p == "bf16" and not native) else 7
-        report["inference"].append(inference_throughput(p, batches, repeats))
+    report["inference"] = inference_rows(args.quick, native)
     if not args.quick:
         report["memory"] = memory_rows(cells, native)
         print(f"masked-token accuracy curves ({args.curve_steps} steps) ...", flush=True)
@@ -378,6 +384,14 @@ def main():
     print(markdown(report))
     if not args.quick:
         save(report)
+
+
+def inference_rows(quick: bool, native: bool) -> list[dict]:
+    rows, batches = [], inference_batches(sst2_dev())
+    for p in ("fp32", "bf16"):
+        print(f"SST-2 dev inference: {p} ...", flush=True)
+        rows.append(inference_throughput(p, batches, 1 if quick or (p == "bf16" and not native) else 7))
+    return rows
 
 
 def memory_rows(cells: list[tuple[str, str]], native: bool) -> dict:
