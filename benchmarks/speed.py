@@ -199,12 +199,12 @@ def inference_throughput(precision: str, batches: list, repeats: int) -> dict:
 
 
 def profile_inference(batches: list, rows: int = 12):
-    """Prints the operators that take most of one fp32 pass over `batches`, for each model, with their share."""
+    """Prints the operators that take most of one fp32 pass over `batches`, for each model."""
     from torch.profiler import profile
 
-    models_ = dict(zip(("sinebert", "bert"), (m.eval() for m in models("small", task="classification"))))
+    contenders = dict(zip(("sinebert", "bert"), (m.eval() for m in models("small", task="classification"))))
     with torch.no_grad():
-        for name, model in models_.items():
+        for name, model in contenders.items():
             for batch in batches:  # warm-up
                 model(**batch)
             with profile() as trace:

@@ -197,7 +197,7 @@ def test_attention_buckets_split_a_batch_only_where_it_saves_more_than_a_kernel_
     assert len(attention_buckets([12, 11, 3, 2], torch.device("cpu"))) == 1  # too small to pay for a second call
     lengths = [100] * 4 + [5] * 4 + [0]
     long, short = attention_buckets(lengths, torch.device("cpu"))
-    assert 4 * 100**2 + 4 * 5**2 + 2 * BUCKET_COST < 8 * 100**2 + BUCKET_COST
+    assert 4 * 100**2 + 4 * 5**2 + 2 * BUCKET_COST < 8 * 100**2 + BUCKET_COST  # the premise: two calls cost less
     assert (long.rows, long.layout.seq, long.mask) == (slice(0, 400), 100, None)
     assert (short.rows, short.layout.batch, short.layout.seq) == (slice(400, 420), 4, 5)
     # A bucket's grid holds its rows in order, each sequence's at the front of its own row; zeros elsewhere.
