@@ -632,8 +632,10 @@ def attention_buckets(lengths: list[int], device: torch.device) -> tuple[Attenti
     def cost(split: list[list[int]]) -> int:
         return sum(len(run) * run[0] ** 2 + BUCKET_COST for run in split)
 
+    splits = [runs(count) for count in range(1, MAX_BUCKETS + 1)]
+    costs = [cost(split) for split in splits]  # (not min(key=...), which torch.compile warns about)
     buckets, start = [], 0
-    for run in min((runs(count) for count in range(1, MAX_BUCKETS + 1)), key=cost):
+    for run in splits[costs.index(min(costs))]:
         # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
         # were added to the embeddings), so where the padding was (left or right) does not matter.
         real = torch.arange(run[0], device=device) < torch.tensor(run, device=device)[:, None]  # (batch, seq)
