@@ -66,9 +66,9 @@ class SineBertConfig(PreTrainedConfig):
             reinitialised.
         sparse_prediction (`bool`, defaults to `False`): When `SineBertForMaskedLM` gets `labels`, project only
             the positions whose label is not -100 onto the vocabulary and return logits of shape
-            `(num_masked, vocab_size)`. The loss is the same; the work of the decoder, and of the last layer after
-            its attention, shrinks by the masking rate. Pretraining turns this on. Without labels, logits cover
-            every position either way.
+            `(num_masked, vocab_size)`. The loss is the same; the work of the decoder, and of the last layer apart
+            from its keys and values, shrinks by the masking rate. Pretraining turns this on. Without labels, logits
+            cover every position either way.
         sliding_window (`int`, *optional*): Local attention: a token attends only to the tokens at most
             `sliding_window` positions before or after it (bidirectional band, as in Longformer, Beltagy et al.,
             2020), so time and memory grow as O(seq * sliding_window) instead of O(seq^2). `None` (the default)
