@@ -207,6 +207,16 @@ def encode_examples(examples: list[QAExample], tokenizer, max_length: int, doc_s
     return rows, windows
 
 
+def answer_windows(rows: list[dict], windows: list[Window], examples: list[QAExample]) -> list[dict]:
+    """The rows of the windows that hold their question's answer, and every row of a question without one.
+
+    The other windows of an answered question are labelled [CLS], which evaluation under SQuAD v1.1 never predicts;
+    with 128-token windows they are half of squad_train's (10,197 of 21,156), and leaving them out reached the same
+    squad_eval F1 in half the steps (README "Quality at a fixed budget")."""
+    return [row for row, window in zip(rows, windows)
+            if row["start_positions"] != 0 or not examples[window.example].answers]
+
+
 def window_count(batch: dict) -> int:
     return int(batch["start_positions"].numel())
 
@@ -228,7 +238,9 @@ def load_qa_data(args, tokenizer) -> QAData:
         if not examples:
             raise UserError(f"The {name} data holds no question; check the files and their format.")
     check_window_room(train + validation, tokenizer, args.max_length, args.doc_stride)
-    train_rows, _ = encode_examples(train, tokenizer, args.max_length, args.doc_stride)
+    train_rows, train_windows = encode_examples(train, tokenizer, args.max_length, args.doc_stride)
+    if args.train_answer_windows_only:
+        train_rows = answer_windows(train_rows, train_windows, train)
     eval_rows, windows = encode_examples(validation, tokenizer, args.max_length, args.doc_stride)
     return QAData(train_rows, eval_rows, validation, windows)
 
