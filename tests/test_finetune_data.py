@@ -30,8 +30,8 @@ def namespace(**values) -> argparse.Namespace:
         trust_remote_code=False, task_name=None, text_column_name=None, text_pair_column_name=None,
         label_column_name=None, problem_type=None, label_separator=",", conll_token_column=0, conll_tag_column=-1,
         label_scheme="IOB2", label_all_tokens=False, question_column_name=None, context_column_name=None,
-        answer_column_name=None, version_2_with_negative=False, doc_stride=16, early_stopping_patience=None,
-        load_best_model_at_end=False,
+        answer_column_name=None, version_2_with_negative=False, doc_stride=16, train_answer_windows_only=False,
+        early_stopping_patience=None, load_best_model_at_end=False,
     )
     return argparse.Namespace(**{**defaults, **values})
 
@@ -235,6 +235,22 @@ def test_windows_put_the_answer_where_the_offsets_say(tokenizer):
         assert CONTEXT[window.offsets[start][0] : window.offsets[end][1]] == "the old harbour"
     assert found >= 1
     assert answer_token_span([(0, 0), (0, 3), (4, 8)], [False, True, True], 5, 12) == (0, 0)  # runs past the end
+
+
+def test_answer_windows_only_drops_the_windows_an_answered_question_labels_cls(tmp_path, tokenizer):
+    # Windows of 24 tokens: the answered question's context spans several, one or two of which hold "maria";
+    # an unanswerable question (SQuAD v2) keeps every window, since [CLS] is what it teaches.
+    answered = [{"text": "maria", "answer_start": CONTEXT.index("maria")}]
+    squad = squad_file(tmp_path / "train.json", [answered, []], version="2.0")
+    arguments = dict(train_file=[squad], validation_file=[squad], max_length=24, doc_stride=8,
+                     version_2_with_negative=True)
+    every = load_qa_data(namespace(**arguments), tokenizer).train_rows
+    kept = load_qa_data(namespace(**arguments, train_answer_windows_only=True), tokenizer).train_rows
+    per_question = len(every) // 2  # both questions share the context, so they have the same windows
+    assert len(every) == 2 * per_question and per_question > 2
+    holding = [row for row in every[:per_question] if row["start_positions"] != 0]
+    assert 1 <= len(holding) < per_question
+    assert kept == holding + every[per_question:]
 
 
 def test_bad_squad_answers_are_one_clear_error(tmp_path, tokenizer):

@@ -223,11 +223,12 @@ def test_qa_beats_the_first_words_of_the_context_and_the_pipeline_agrees(squad, 
         assert served["answer"] == predictions[question["id"]], question["id"]
 
 
-def test_qa_marks_shared_tokens_and_ner_reads_letter_case_by_default_and_other_tasks_keep_the_checkpoints_choice():
+def test_qa_marks_shared_tokens_qa_and_ner_read_letter_case_by_default_and_other_tasks_keep_the_checkpoints_choice():
     required = ["--output_dir", "out", "--train_file", "x.json"]
     qa = load_script("finetune_qa")
     assert qa.parse_args(required).cross_segment_match is True
     assert qa.parse_args([*required, "--no_cross_segment_match"]).cross_segment_match is False
+    assert qa.parse_args(required).letter_case is True and qa.parse_args(required).train_answer_windows_only is False
     ner = load_script("finetune_ner")
     assert ner.parse_args(required).letter_case is True
     assert ner.parse_args([*required, "--no_letter_case"]).letter_case is False
