@@ -329,6 +329,20 @@ def test_a_resumed_fine_tuning_run_ends_with_the_weights_of_an_uninterrupted_one
         (tmp_path / "resumed" / "eval_predictions.jsonl").read_text()
 
 
+@pytest.mark.slow
+def test_epochs_given_with_a_time_budget_set_the_length_and_the_minutes_only_cap_it(conll, tmp_path, one_thread):
+    run = in_process_ner(conll, tmp_path, "--max_eval_samples", 8)
+
+    def steps(out):
+        return json.loads((out / "all_results.json").read_text())["train_steps"]
+
+    run("--output_dir", tmp_path / "epoch", "--num_train_epochs", 1)
+    config = tmp_path / "recipe.yaml"  # as in a config file (the cram's), where it went unnoticed
+    config.write_text("num_train_epochs: 1\nmax_train_minutes: 60\n")
+    run("--output_dir", tmp_path / "capped", "--config_file", config)
+    assert steps(tmp_path / "capped") == steps(tmp_path / "epoch") == 8  # 60 sentences in batches of 8
+
+
 # ----- starting from a checkpoint -----
 
 

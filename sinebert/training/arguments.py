@@ -83,10 +83,15 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--adam_beta1", type=float, default=0.9)
     group.add_argument("--adam_beta2", type=float, default=0.999)
     group.add_argument("--adam_epsilon", type=float, default=1e-8)
-    group.add_argument("--num_train_epochs", type=float, default=epochs)
+    group.add_argument("--num_train_epochs", type=float,
+                       help=f"Passes over the training data (default: {epochs:g}, or as many as --max_train_minutes "
+                            "allows when that is given without it).")
     group.add_argument("--max_train_steps", type=_steps_or_zero,
                        help="Total optimizer steps; overrides --num_train_epochs (0: evaluate and save the start).")
-    group.add_argument("--max_train_minutes", type=float, help="Stop (and save) after this much training time.")
+    group.add_argument("--max_train_minutes", type=float,
+                       help="Stop (and save) after this much training time. Without --max_train_steps or "
+                            "--num_train_epochs the run trains until then, its schedule laid over the time.")
+    parser.set_defaults(default_train_epochs=epochs)
     group.add_argument("--gradient_accumulation_steps", type=int, default=1)
     group.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping; 0 disables it.")
     group.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="linear")

@@ -152,7 +152,8 @@ def training_steps(args, batches_per_epoch: int | None) -> int:
         return args.max_train_steps
     if batches_per_epoch is None:
         raise UserError("--streaming data has no length: pass --max_train_steps to say how long to train.")
-    return max(1, math.ceil(args.num_train_epochs * batches_per_epoch / args.gradient_accumulation_steps))
+    epochs = args.default_train_epochs if args.num_train_epochs is None else args.num_train_epochs
+    return max(1, math.ceil(epochs * batches_per_epoch / args.gradient_accumulation_steps))
 
 
 def _step_seed(seed: int, step: int, micro: int, rank: int) -> int:
@@ -171,8 +172,8 @@ class Trainer:
         self.args, self.accelerator, self.task, self.streaming = args, accelerator, task, streaming
         self.evaluate_first = evaluate_first
         batches_per_epoch = None if streaming else len(train_dataloader)
-        # A time budget without a step count trains until the budget is spent, with the schedule laid over time.
-        by_time = args.max_train_minutes and args.max_train_steps is None
+        # A time budget without a length in steps or epochs trains until it is spent, the schedule laid over time.
+        by_time = args.max_train_minutes and args.max_train_steps is None and args.num_train_epochs is None
         self.time_budget = args.max_train_minutes * 60 if by_time else None
         self.total_steps = sys.maxsize if self.time_budget else training_steps(args, batches_per_epoch)
         if args.gradient_checkpointing:
@@ -205,8 +206,8 @@ class Trainer:
             return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup * processes,
                                  num_training_steps=self.total_steps * processes)
         if args.num_warmup_steps is not None:
-            raise UserError("With --max_train_minutes and no --max_train_steps the warmup is a share of the time: "
-                            "use --warmup_ratio instead of --num_warmup_steps.")
+            raise UserError("With --max_train_minutes and no --max_train_steps or --num_train_epochs the warmup is a "
+                            "share of the time: use --warmup_ratio instead of --num_warmup_steps.")
         # The same shape as the step schedule, read at the fraction of the budget spent (1000 points).
         shape = get_scheduler(args.lr_scheduler_type, torch.optim.SGD([torch.zeros(1)], lr=1.0),
                               num_warmup_steps=int(args.warmup_ratio * 1000), num_training_steps=1000).lr_lambdas[0]
