@@ -142,12 +142,13 @@ def assert_token_pipeline_agrees(out, rows):
 
 
 @pytest.mark.slow
-def test_ner_on_two_processes_gathers_every_sentence_once_in_order(conll, tmp_path):
+def test_ner_on_two_processes_trains_an_epoch_once_and_gathers_every_sentence_once_in_order(conll, tmp_path):
     out = tmp_path / "ner2"
-    launch("finetune_ner", *ner_arguments(conll, out), "--per_device_train_batch_size", 8, "--max_train_steps", 20,
-           "--max_eval_samples", 45, "--per_device_eval_batch_size", 4, "--label_all_tokens",
-           "--eval_steps", 5, "--load_best_model_at_end", processes=2)
+    launch("finetune_ner", *ner_arguments(conll, out), "--per_device_train_batch_size", 8, "--num_train_epochs", 1,
+           "--max_train_samples", 320, "--max_eval_samples", 45, "--per_device_eval_batch_size", 4,
+           "--label_all_tokens", "--eval_steps", 5, "--load_best_model_at_end", processes=2)
     results = check_saved_run(out, "eval_predictions.jsonl")
+    assert results["train_steps"] == 20  # 320 sentences in batches of 8 on each of 2 processes
     assert results["best_step"] in (5, 10, 15, 20)
     rows = read_jsonl(out / "eval_predictions.jsonl")
     # 45 sentences in batches of 4 over 2 processes: accelerate pads the last round with repeated sentences, which

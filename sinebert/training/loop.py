@@ -171,6 +171,8 @@ class Trainer:
                  streaming: bool = False, evaluate_first: bool = False):
         self.args, self.accelerator, self.task, self.streaming = args, accelerator, task, streaming
         self.evaluate_first = evaluate_first
+        if not streaming:  # sharded first: an epoch is this process's share of the batches
+            train_dataloader = accelerator.prepare(train_dataloader)
         batches_per_epoch = None if streaming else len(train_dataloader)
         # A time budget without a length in steps or epochs trains until it is spent, the schedule laid over time.
         by_time = args.max_train_minutes and args.max_train_steps is None and args.num_train_epochs is None
@@ -185,13 +187,8 @@ class Trainer:
         optimizer = build_optimizer(model, args)
         self.state = TrainerState()
         scheduler = self._build_scheduler(optimizer)
-        if streaming:
-            self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
-            self.train_dataloader = train_dataloader
-        else:
-            self.model, self.optimizer, self.train_dataloader, self.scheduler = accelerator.prepare(
-                model, optimizer, train_dataloader, scheduler
-            )
+        self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
+        self.train_dataloader = train_dataloader
         if args.torch_compile:
             self.model = torch.compile(self.model)
         self.checkpoints = CheckpointManager(accelerator, args.output_dir, args.checkpoints_total_limit)
