@@ -247,20 +247,15 @@ def test_launch_commands_use_two_cpu_processes_or_every_gpu():
     assert demo._signature(command) == demo._signature(demo.accelerate_command(cpu, "pretrain.py"))
 
 
-def test_finetuning_steps_cover_the_planned_epochs_whatever_the_processes(tmp_path):
+def test_finetuning_runs_the_planned_epochs_from_the_checkpoint_or_the_same_architecture(tmp_path):
     paths = Paths(root=tmp_path, cache=tmp_path / "cache")
-    paths.data.mkdir()
-    statistics = {"rotten_tomatoes": {"statistics": {"train_examples": 100}},
-                  "wnut16": {"statistics": {"train_examples": 50}}}
-    (paths.data / "sources.json").write_text(json.dumps(statistics))
-    plan = replace(demo.PLANS["default"], classification_epochs=2, ner_epochs=3, finetune_batch=16)
-    two_cpus, four_gpus = Hardware(gpus=0, cores=2, bf16=False), Hardware(gpus=4, cores=32, bf16=True)
-    assert demo.finetune_steps(plan, paths, two_cpus, "classification") == 2 * 4  # ceil(100 / 32) per epoch
-    assert demo.finetune_steps(plan, paths, two_cpus, "ner") == 3 * 2
-    assert demo.finetune_steps(plan, paths, four_gpus, "classification") == 2 * 2
+    plan = replace(demo.PLANS["default"], classification_epochs=2, ner_epochs=3)
+    two_cpus = Hardware(gpus=0, cores=2, bf16=False)
     command = demo.finetune_command(plan, paths, two_cpus, "ner", "scratch")
-    assert command[command.index("--max_train_steps") + 1] == "6"
+    assert command[command.index("--num_train_epochs") + 1] == "3"  # the script counts epochs over all processes
     assert "--config_name" in command and "--model_name_or_path" not in command  # same architecture, random weights
+    command = demo.finetune_command(plan, paths, two_cpus, "classification", "pretrained")
+    assert command[command.index("--num_train_epochs") + 1] == "2" and "--model_name_or_path" in command
 
 
 def test_pretraining_reads_only_training_text(tmp_path):

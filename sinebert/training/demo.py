@@ -9,7 +9,6 @@ checkpoint. `stages.json` in the output folder keeps what ran, with which comman
 """
 
 import json
-import math
 import os
 import shutil
 import socket
@@ -420,16 +419,6 @@ def pretrain_args(plan: Plan, paths: Paths) -> list[str]:
     return args
 
 
-def finetune_steps(plan: Plan, paths: Paths, hardware: Hardware, task: str) -> int:
-    """Optimizer steps for the plan's epochs over the prepared training split, all processes together.
-
-    Given as --max_train_steps: the epochs then mean the same whatever the number of processes."""
-    source = {"classification": "rotten_tomatoes", "ner": "wnut16"}[task]
-    examples = json.loads((paths.data / "sources.json").read_text())[source]["statistics"]["train_examples"]
-    epochs = plan.classification_epochs if task == "classification" else plan.ner_epochs
-    return max(1, math.ceil(epochs * math.ceil(examples / (plan.finetune_batch * hardware.processes))))
-
-
 def finetune_command(plan: Plan, paths: Paths, hardware: Hardware, task: str, start: str) -> list[str]:
     script = {"classification": "finetune_classification.py", "ner": "finetune_ner.py"}[task]
     return accelerate_command(hardware, script) + finetune_args(plan, paths, hardware, task, start)
@@ -441,7 +430,7 @@ def finetune_args(plan: Plan, paths: Paths, hardware: Hardware, task: str, start
         "--train_file", str(data / "train.jsonl"), "--validation_file", str(data / "validation.jsonl"),
         "--output_dir", str(paths.finetuned(task, start)),
         "--per_device_train_batch_size", str(plan.finetune_batch), "--learning_rate", str(plan.finetune_learning_rate),
-        "--max_train_steps", str(finetune_steps(plan, paths, hardware, task)),
+        "--num_train_epochs", str(plan.classification_epochs if task == "classification" else plan.ner_epochs),
         "--checkpointing_steps", "epoch", "--logging_steps", "10", "--seed", str(plan.seed),
     ]
     args += ["--max_length", str(plan.max_lengths[task])]
