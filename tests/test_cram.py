@@ -130,13 +130,15 @@ def test_every_stage_config_is_a_valid_argument_file_of_its_script():
     required = ["--output_dir", "out", "--train_file", "x.txt"]
     # The issue's fine-tuning budgets are caps: SST-2's schedule ends after 1.5 epochs and SQuAD's after 2, each well
     # within its minutes.
-    recipes = (("finetune_classification", "sst2.yaml", 17, 3158, True),
-               ("finetune_ner", "conll2003.yaml", 8, None, False),
-               ("finetune_qa", "squad.yaml", 13, 1324, False))
-    for script, config, minutes, steps, grouped in recipes:
+    recipes = (("finetune_classification", "sst2.yaml", 17, 3158, None, True),
+               ("finetune_ner", "conll2003.yaml", 8, None, None, False),
+               ("finetune_qa", "squad.yaml", 13, None, 2, False))
+    for script, config, minutes, steps, epochs, grouped in recipes:
         args = load_script(script).parse_args(["--config_file", str(cram.CONFIGS / config), *required])
-        assert (args.max_train_minutes, args.max_train_steps, args.group_by_length) == (minutes, steps, grouped), config
+        length = (args.max_train_minutes, args.max_train_steps, args.num_train_epochs)
+        assert length == (minutes, steps, epochs) and args.group_by_length is grouped, config
         assert args.cross_segment_match is (True if script == "finetune_qa" else None), config
+    assert args.train_answer_windows_only and args.letter_case  # SQuAD's recipe
     # The 20 minutes of pretraining: 2 for the word embeddings, 18 for MLM from them, scheduled by time.
     embeddings = load_script("train_word_embeddings").parse_args(
         ["--config_file", str(cram.CONFIGS / "embeddings.yaml"), "--tokenizer_name", "t", *required])
