@@ -91,6 +91,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--max_train_minutes", type=float,
                        help="Stop (and save) after this much training time. Without --max_train_steps or "
                             "--num_train_epochs the run trains until then, its schedule laid over the time.")
+    # No default above, so that an explicit --num_train_epochs (or config key) is told apart from the script's.
     parser.set_defaults(default_train_epochs=epochs)
     group.add_argument("--gradient_accumulation_steps", type=int, default=1)
     group.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping; 0 disables it.")
