@@ -357,16 +357,15 @@ def main():
     args = parser.parse_args()
     if args.profile:
         return profile_inference(inference_batches(sst2_dev()))
+    # bf16 runs in software on CPUs without bf16 instructions (on the AVX2-only AMD machine a bf16 step took 30x an
+    # fp32 one): there, one timed step after one warm-up, at the small size only, one step for memory and one timed
+    # inference pass.
+    native = DEVICE.type == "cuda" or cpu_has_native_bf16()
     if args.inference_only:
-        native = DEVICE.type == "cuda" or cpu_has_native_bf16()
         return print("\n".join(inference_table(inference_rows(args.quick, native))))
     if args.remeasure:
         return remeasure(args.remeasure)
     steps = 2 if args.quick else args.steps
-    # bf16 runs in software on CPUs without bf16 instructions (this one has AVX2 only, where a bf16 step takes 30x an
-    # fp32 one): there, one timed step after one warm-up, at the small size only, one step for memory and one timed
-    # inference pass.
-    native = DEVICE.type == "cuda" or cpu_has_native_bf16()
     cells = [(size, p) for size in SIZES for p in ("fp32", "bf16") if native or p == "fp32" or size == "small"]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "native_bf16": native}
     print(f"{report['machine']}; matmul peak ...", flush=True)
