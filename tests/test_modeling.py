@@ -19,6 +19,8 @@ from sinebert.modeling_sinebert import (
     _padding_mask,
     attention_buckets,
     cross_segment_matches,
+    matmul_attention_forward,
+    sdpa_backend,
     sinusoidal_encoding,
 )
 from tests.conftest import tiny_config
@@ -118,6 +120,62 @@ def test_attention_float32_matches_numpy_and_empty_rows_are_zero():
     )
     np.testing.assert_allclose(ours.numpy(), expected, atol=1e-5)
     assert torch.isfinite(ours).all()
+
+
+def test_matmul_kernel_matches_numpy_with_padding_and_empty_rows():
+    rng = np.random.default_rng(0)
+    query, key, value = (rng.standard_normal((3, 2, 6, 4)) for _ in range(3))
+    mask = np.ones((3, 6), dtype=np.int64)
+    mask[1, 4:] = 0
+    mask[2] = 0  # a fully padded row must give zeros, not NaN
+    scores = query @ key.transpose(0, 1, 3, 2) * 0.5 + np.where(mask[:, None, None, :] == 1, 0.0, -1e30)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = weights / weights.sum(-1, keepdims=True) @ value  # (batch, heads, seq, head_dim)
+    expected[2] = 0.0
+    module = torch.nn.Module().eval()
+    ours, weights = matmul_attention_forward(
+        module, *(torch.from_numpy(t) for t in (query, key, value)), _padding_mask(torch.from_numpy(mask)), 0.5
+    )
+    assert weights is None
+    np.testing.assert_allclose(ours.numpy(), expected.transpose(0, 2, 1, 3), atol=1e-6)
+
+
+def test_sdpa_runs_the_matmul_kernel_only_for_bf16_on_a_cpu_while_the_scores_fit(monkeypatch):
+    query = torch.zeros(2, 4, 16, 8, dtype=torch.bfloat16)
+    assert sdpa_backend(query, query) == "matmul"
+    assert sdpa_backend(query.float(), query.float()) == "sdpa"
+    monkeypatch.setattr("sinebert.modeling_sinebert.MATMUL_ATTENTION_MAX_SCORES", 2 * 4 * 16 * 16 - 1)
+    assert sdpa_backend(query, query) == "sdpa"  # long inputs keep SDPA's memory-linear kernel
+
+
+@pytest.mark.parametrize("cls", [SineBertForMaskedLM, SineBertForSequenceClassification])
+def test_bf16_fast_path_matches_the_float32_reference_and_its_gradients(cls):
+    """Under bf16 autocast on a CPU the "sdpa" model runs the matmul kernel (with unpadding and buckets); it must
+    agree with the float32 eager reference to bf16's precision, outputs and gradients."""
+    eager, sdpa = _model_pair(cls, num_labels=3)
+    with torch.no_grad():  # sharper attention than the tiny init's near-uniform weights, so that errors show
+        for model in (eager, sdpa):
+            for layer in model.base_model.layers:
+                layer.attention.qkv_proj.weight.mul_(8.0)
+    inputs = _inputs(batch=4, seq=12)
+    inputs["attention_mask"][1, 5:] = 0
+    inputs["attention_mask"][3, 9:] = 0
+    if cls is SineBertForMaskedLM:
+        labels = torch.where(inputs["attention_mask"].bool(), inputs["input_ids"], -100)
+    else:
+        labels = torch.tensor([0, 1, 2, 1])
+    losses = []
+    for model, precision in ((eager, torch.float32), (sdpa, torch.bfloat16)):
+        model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == torch.bfloat16):
+            loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[1], losses[0], atol=2e-2, rtol=2e-2)
+    for (name, p), q in zip(eager.named_parameters(), sdpa.parameters()):
+        if p.grad is not None:
+            scale = p.grad.abs().max().clamp(min=1e-3)
+            torch.testing.assert_close(q.grad / scale, p.grad / scale, atol=3e-2, rtol=0, msg=name)
 
 
 def _model_pair(cls, **overrides):
