@@ -7,8 +7,9 @@
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, those of
-configs/cram/pretrain.yaml, BERT with attn_implementation="sdpa" and its own defaults, and BERT again without
-dropout, as sinebert pretrains; steps interleaved, so machine noise hits all alike):
+configs/cram/pretrain.yaml, BERT with attn_implementation="sdpa" and its own defaults, BERT again without
+dropout, as sinebert pretrains, and BERT with attn_implementation="eager", which is faster than its sdpa in bf16 on
+some CPUs; steps interleaved, so machine noise hits all alike):
 - pretraining step throughput (tokens/s) at two sizes, fp32 and bf16 autocast, batch 32 x 128, 15% masking;
   and the model FLOP/s of each as a share of this machine's matmul peak for that dtype (measured here);
 - inference throughput on the SST-2 dev sentences in batches of 32 padded to the longest, as users run BERT;
@@ -93,19 +94,20 @@ def pretraining_settings() -> dict:
     return {key: recipe[key] for key in RECIPE_SETTINGS} | {"sparse_prediction": True}
 
 
-def models(size: str, task: str = "mlm", bert_dropout: float | None = None):
+def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert_attention: str = "sdpa"):
     """(sinebert, BERT) of identical dimensions. For MLM sinebert takes its pretraining settings and BERT its own
-    defaults (dropout 0.1), or `bert_dropout`; for classification both take their defaults (inference only)."""
+    defaults (dropout 0.1), or `bert_dropout`; for classification both take their defaults (inference only). BERT's
+    attention runs `bert_attention`."""
     dims = dict(SIZES[size], vocab_size=VOCAB, max_position_embeddings=512, type_vocab_size=2)
     torch.manual_seed(0)
     if task == "mlm":
         ours = SineBertForMaskedLM(SineBertConfig(**dims, **pretraining_settings()))
         dropout = {} if bert_dropout is None else {"hidden_dropout_prob": bert_dropout,
                                                    "attention_probs_dropout_prob": bert_dropout}
-        theirs = BertForMaskedLM(BertConfig(**dims, **dropout, attn_implementation="sdpa"))
+        theirs = BertForMaskedLM(BertConfig(**dims, **dropout, attn_implementation=bert_attention))
     else:
         ours = SineBertForSequenceClassification(SineBertConfig(**dims, num_labels=2))
-        theirs = BertForSequenceClassification(BertConfig(**dims, num_labels=2, attn_implementation="sdpa"))
+        theirs = BertForSequenceClassification(BertConfig(**dims, num_labels=2, attn_implementation=bert_attention))
     return ours.to(DEVICE), theirs.to(DEVICE)
 
 
@@ -130,10 +132,12 @@ def training_flops_per_token(size: str, sparse: bool) -> float:
 
 
 def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> dict:
-    """Median tokens/s of interleaved training steps (after `warmup` steps each) of sinebert, BERT, and BERT without
-    dropout. All use the fused AdamW step that sinebert's Trainer uses: the optimizer is not what is compared."""
+    """Median tokens/s of interleaved training steps (after `warmup` steps each) of sinebert, BERT, BERT without
+    dropout and BERT with eager attention. All use the fused AdamW step that sinebert's Trainer uses: the optimizer is
+    not what is compared."""
     ours, theirs = models(size)
-    contenders = {"sinebert": ours, "bert": theirs, "bert_no_dropout": models(size, bert_dropout=0.0)[1]}
+    contenders = {"sinebert": ours, "bert": theirs, "bert_no_dropout": models(size, bert_dropout=0.0)[1],
+                  "bert_eager": models(size, bert_attention="eager")[1]}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for name, m in contenders.items()}
     generator = torch.Generator().manual_seed(0)
     batches = [masked_batch(generator) for _ in range(4)]
@@ -159,6 +163,7 @@ def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> 
         result[f"{name}_gflops"] = flops / 1e9
     result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
     result["speedup_no_dropout"] = result["sinebert_tokens_per_second"] / result["bert_no_dropout_tokens_per_second"]
+    result["speedup_eager"] = result["sinebert_tokens_per_second"] / result["bert_eager_tokens_per_second"]
     return result
 
 
@@ -178,12 +183,14 @@ def inference_batches(sentences: list[str]):
 
 def inference_throughput(precision: str, batches: list, repeats: int) -> dict:
     ours, theirs = (m.eval() for m in models("small", task="classification"))
+    contenders = {"sinebert": ours, "bert": theirs,
+                  "bert_eager": models("small", task="classification", bert_attention="eager")[1].eval()}
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
-    times = {"sinebert": [], "bert": []}
+    times = {name: [] for name in contenders}
     with torch.no_grad(), autocast(precision):
         for repeat in range(repeats + 1):
-            for name, model in (("sinebert", ours), ("bert", theirs)):
+            for name, model in contenders.items():
                 synchronize()
                 start = time.perf_counter()
                 for batch in batches:
@@ -195,6 +202,7 @@ def inference_throughput(precision: str, batches: list, repeats: int) -> dict:
     for name in times:
         result[f"{name}_tokens_per_second"] = tokens / statistics.median(times[name])
     result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
+    result["speedup_eager"] = result["sinebert_tokens_per_second"] / result["bert_eager_tokens_per_second"]
     return result
 
 
@@ -312,10 +320,11 @@ def plot(report: dict):
 
 
 def inference_table(rows: list[dict]) -> list[str]:
-    lines = ["| SST-2 dev inference | BERT tokens/s | sinebert tokens/s | speed-up |", "|---|---|---|---|"]
+    lines = ["| SST-2 dev inference | BERT tokens/s | sinebert tokens/s | speed-up | BERT eager tokens/s | "
+             "speed-up over it |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['precision']} | {r['bert_tokens_per_second']:,.0f} | {r['sinebert_tokens_per_second']:,.0f}"
-                     f" | {r['speedup']:.2f}x |")
+                     f" | {r['speedup']:.2f}x | {r['bert_eager_tokens_per_second']:,.0f} | {r['speedup_eager']:.2f}x |")
     return lines
 
 
@@ -324,13 +333,14 @@ def markdown(report: dict) -> str:
              f"{report['peak_gflops']['fp32']:.0f} GFLOP/s fp32, {report['peak_gflops']['bf16']:.0f} bf16 (autocast)"
              + (f", measured {report['peak_date']}." if report.get("peak_date") else "."), "",
              "| pretraining step | BERT tokens/s | sinebert tokens/s | speed-up | sinebert share of peak | "
-             "BERT without dropout tokens/s | speed-up over it |",
-             "|---|---|---|---|---|---|---|"]
+             "BERT without dropout tokens/s | speed-up over it | BERT eager tokens/s | speed-up over it |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["training"]:
         share = r["sinebert_gflops"] / report["peak_gflops"][r["precision"]]
         lines.append(f"| {r['size']} {r['precision']} | {r['bert_tokens_per_second']:,.0f} | "
                      f"{r['sinebert_tokens_per_second']:,.0f} | {r['speedup']:.2f}x | {share:.0%} | "
-                     f"{r['bert_no_dropout_tokens_per_second']:,.0f} | {r['speedup_no_dropout']:.2f}x |")
+                     f"{r['bert_no_dropout_tokens_per_second']:,.0f} | {r['speedup_no_dropout']:.2f}x | "
+                     f"{r['bert_eager_tokens_per_second']:,.0f} | {r['speedup_eager']:.2f}x |")
     lines += [""] + inference_table(report["inference"])
     if report.get("memory"):
         measured = f" (measured {report['memory_date']})" if report.get("memory_date") else ""
