@@ -5,6 +5,7 @@
     python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory or peak)
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
+    python benchmarks/speed.py --kernels    # full attention alone: PyTorch's SDPA against sinebert's matmul kernel
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, those of
 configs/cram/pretrain.yaml, BERT with attn_implementation="sdpa" and its own defaults, BERT again without
@@ -221,6 +222,41 @@ def profile_inference(batches: list, rows: int = 12):
             print(f"{name}:\n" + trace.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
+KERNEL_SHAPES = ((32, 4, 128, 64), (32, 8, 128, 64), (8, 4, 512, 64), (2, 4, 2048, 64))
+
+
+def kernel_times(repeats: int = 5) -> list[str]:
+    """Forward and backward milliseconds (best of `repeats`) of full attention without a mask, (batch, heads, seq,
+    head_dim) as in KERNEL_SHAPES, through PyTorch's scaled_dot_product_attention and through sinebert's
+    `matmul_attention_forward`, in fp32 and bf16: the measurement behind `sdpa_backend`'s choice."""
+    from sinebert.modeling_sinebert import matmul_attention_forward
+
+    module = torch.nn.Module()
+    kernels = {"sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+               "matmul": lambda q, k, v: matmul_attention_forward(module, q, k, v, None, q.shape[-1] ** -0.5)[0]}
+    lines = ["| (batch, heads, seq, head_dim) | dtype | SDPA forward + backward ms | matmul forward + backward ms |",
+             "|---|---|---|---|"]
+    for shape in KERNEL_SHAPES:
+        for dtype in (torch.float32, torch.bfloat16):
+            cells = []
+            for kernel in kernels.values():
+                q, k, v = (torch.randn(shape, dtype=dtype, device=DEVICE, requires_grad=True) for _ in range(3))
+                forward, backward = [], []
+                for _ in range(repeats + 1):
+                    synchronize()
+                    start = time.perf_counter()
+                    output = kernel(q, k, v)
+                    synchronize()
+                    middle = time.perf_counter()
+                    output.sum().backward()
+                    synchronize()
+                    forward.append(middle - start)
+                    backward.append(time.perf_counter() - middle)
+                cells.append(f"{1000 * min(forward[1:]):.1f} + {1000 * min(backward[1:]):.1f}")
+            lines.append(f"| {shape} | {str(dtype).removeprefix('torch.')} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
 def training_peak(model_name: str, size: str, precision: str, steps: int) -> float:
     """Peak memory (MiB) of `steps` training steps of one model, run in a fresh process: the process's peak RSS on
     a CPU, the CUDA allocator's peak on a GPU."""
@@ -364,7 +400,10 @@ def main():
                         help="Redo only this part of benchmarks/results/speed.json and rewrite the results.")
     parser.add_argument("--profile", action="store_true", help="Profile one fp32 SST-2 dev inference pass of each.")
     parser.add_argument("--inference_only", action="store_true", help="Measure only inference; print, do not save.")
+    parser.add_argument("--kernels", action="store_true", help="Time the full-attention kernels alone; print only.")
     args = parser.parse_args()
+    if args.kernels:
+        return print("\n".join(kernel_times()))
     if args.profile:
         return profile_inference(inference_batches(sst2_dev()))
     # bf16 runs in software on CPUs without bf16 instructions (on the AVX2-only AMD machine a bf16 step took 30x an

@@ -192,8 +192,9 @@ def matmul_attention_forward(
 
 
 # PyTorch's fused SDPA kernel for the CPU is slow in bf16: at 128 tokens (batch 32, 8 heads of 64) its forward and
-# backward took 10.5 + 39.5 ms where two batched matmuls and a softmax took 3.4 + 7.3 ms, and at 2,048 tokens still
-# 49 + 72 against 32 + 49 ms (AMD EPYC with AVX512-BF16, torch 2.13; in float32 the two are even, and SDPA stays).
+# backward took 8.3 + 36.0 ms where two batched matmuls and a softmax took 3.5 + 7.2 ms, and at 2,048 tokens still
+# 49 + 74 against 34 + 52 ms (`python benchmarks/speed.py --kernels`, AMD EPYC with AVX512-BF16, torch 2.13). In
+# float32 SDPA is as fast at 128 tokens and faster beyond, so it stays.
 # The matmul kernel writes out the (q_seq, k_seq) scores, which SDPA never does, so it runs only while they are at
 # most this many entries per call (64 MiB in bf16): long inputs keep SDPA's memory-linear kernel.
 MATMUL_ATTENTION_MAX_SCORES = 2**25

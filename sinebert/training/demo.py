@@ -135,8 +135,8 @@ class Hardware:
 
 
 # bf16 autocast on a CPU only where it multiplies matrices clearly faster than float32: on the AMD EPYC with
-# AVX512-BF16 it does 3.9 times as fast and a cram pretraining step ran 2.7 times as fast; on the Intel Xeon with
-# AVX512-BF16 but no AMX it runs at half float32's pace, and without bf16 instructions at a twentieth.
+# AVX512-BF16 it multiplies 4.2 times as fast and the cram's pretraining step ran 2.9 times as fast (README "Speed");
+# on the Intel Xeon with AVX512-BF16 but no AMX at half float32's pace, without bf16 instructions at a twentieth.
 CPU_BF16_MIN_SPEEDUP = 1.5
 
 

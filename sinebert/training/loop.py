@@ -95,8 +95,8 @@ def setup_accelerator(args) -> Accelerator:
 
 def cpu_bf16_speedup(size: int = 1024, repeats: int = 5) -> float:
     """How many times as fast as in float32 this CPU multiplies `size` x `size` matrices under bf16 autocast, the path
-    training takes (best of `repeats` each): 3.9 on an AMD EPYC with AVX512-BF16, 0.5 on an Intel Xeon with
-    AVX512-BF16 but no AMX, about 0.05 on CPUs without bf16 instructions (measured here)."""
+    training takes (best of `repeats` each): 4.2 on an AMD EPYC with AVX512-BF16, and by the matmul peaks of
+    benchmarks/speed.py 0.5 on an Intel Xeon with AVX512-BF16 but no AMX and about 0.05 without bf16 instructions."""
     a, b = torch.randn(size, size), torch.randn(size, size)
 
     def best(enabled: bool) -> float:
