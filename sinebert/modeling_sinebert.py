@@ -563,7 +563,8 @@ class SineBertPreTrainedModel(PreTrainedModel):
     def attention_kernels(self) -> list[str]:
         """Per encoder layer, its attention and the kernel that runs it under the current attn_implementation, e.g.
         `["full_attention via sdpa", "sliding_attention(window=128, global=[0]) via local_blocked", ...]`. Raises
-        ValueError where a layer has no kernel, exactly as a forward pass would."""
+        ValueError where a layer has no kernel, exactly as a forward pass would. (Under "sdpa", full attention in bf16
+        on a CPU runs as two batched matmuls where that is faster: `sdpa_backend`.)"""
         return [layer.attention.kernel_description() for layer in self.base_model.layers]
 
     def _init_weights(self, module: nn.Module):
