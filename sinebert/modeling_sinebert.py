@@ -211,14 +211,8 @@ def sdpa_backend(query: torch.Tensor, key: torch.Tensor) -> str:
 
 
 def sdpa_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Full attention under `attn_implementation="sdpa"`: PyTorch's scaled_dot_product_attention through transformers'
     wrapper, or the same product by `matmul_attention_forward` where that is faster (`sdpa_backend`)."""
