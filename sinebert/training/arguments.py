@@ -105,6 +105,10 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--gradient_checkpointing", action="store_true", help="Trade compute for activation memory.")
     group.add_argument("--torch_compile", action="store_true", help="Compile the model with torch.compile.")
     group.add_argument(
+        "--adversarial_epsilon", type=float, default=0.0,
+        help="Also train on the word embeddings moved by this norm up the loss gradient (FGM); 0 disables it.",
+    )
+    group.add_argument(
         "--checkpointing_steps", type=_steps_or_epoch, default=None,
         help="Save a resumable checkpoint every N optimizer steps, or 'epoch'.",
     )

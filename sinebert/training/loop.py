@@ -339,12 +339,14 @@ class Trainer:
             if self.task.reshape:
                 batch = self.task.reshape(batch, self.state.step)
             with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast():
-                outputs = model(**batch)
-                if count:
-                    loss = outputs.loss * count
-                else:  # a process with no real data this step still takes part, contributing zero gradient
-                    loss = outputs.logits.float().sum() * 0.0
-            accelerator.backward(loss * scale)
+                loss = self._loss(model(**batch), count)
+            if self.args.adversarial_epsilon:
+                with accelerator.no_sync(model):
+                    accelerator.backward(loss * scale)
+                with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast():
+                    self._adversarial_backward(batch, count, scale)
+            else:
+                accelerator.backward(loss * scale)
             loss_sum += loss.detach().float().item()
             tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
         self.state.training_seconds += time.perf_counter() - step_start
@@ -371,6 +373,22 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return (loss_sum / max(total, 1.0) if not nonfinite else float("nan")), int(tokens), bool(stop)
+
+    def _adversarial_backward(self, batch: dict, count: int, scale: float):
+        """FGM (Miyato et al., 2017): the loss again with the word embeddings moved by --adversarial_epsilon along
+        their gradient (normalised over the whole matrix), its gradient added to the clean one."""
+        words = self.accelerator.unwrap_model(self.model).get_input_embeddings().weight
+        # Every process runs this backward (DDP's all-reduce waits for all), with a zero step where it has none.
+        gradient = words.grad if words.grad is not None else torch.zeros_like(words)
+        clean = words.detach().clone()
+        words.data.add_(gradient * (self.args.adversarial_epsilon / gradient.norm().clamp_min(1e-12)))
+        self.accelerator.backward(self._loss(self.model(**batch), count) * scale)
+        words.data.copy_(clean)  # exactly the clean weights again (w + d - d need not round back to w)
+
+    @staticmethod
+    def _loss(outputs, count: int) -> torch.Tensor:
+        """The micro-batch's summed loss; a process with no real data this step still takes part, with zero."""
+        return outputs.loss * count if count else outputs.logits.float().sum() * 0.0
 
     def _handle_nonfinite(self):
         last = self.checkpoints.complete()

@@ -1,0 +1,54 @@
+"""--adversarial_epsilon (FGM): what one optimizer step of the Trainer adds to the gradient, and that the word
+embeddings are left as they were."""
+
+import time
+
+import pytest
+import torch
+
+from sinebert import SineBertForSequenceClassification
+from sinebert.training.classification import example_count
+from sinebert.training.finetune import PaddingCollator
+from sinebert.training.loop import Task, Trainer, setup_accelerator
+from tests.conftest import load_script, tiny_config
+
+WORDS = "sinebert.embeddings.word_embeddings.weight"
+
+
+def _gradients(model, batch) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    model(**batch).loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")  # the optimizer's step is replaced
+@pytest.mark.parametrize("epsilon", [0.0, 0.5])
+def test_a_step_adds_the_gradient_at_the_embeddings_moved_up_their_gradient(tmp_path, epsilon):
+    script = load_script("finetune_classification")
+    args = script.parse_args(["--train_file", "unused.tsv", "--output_dir", str(tmp_path), "--max_grad_norm", "0",
+                              "--adversarial_epsilon", str(epsilon)])
+    accelerator = setup_accelerator(args)
+    torch.manual_seed(0)
+    model = SineBertForSequenceClassification(tiny_config(num_labels=2))
+    rows = [{"input_ids": list(range(5, 5 + n)), "attention_mask": [1] * n, "labels": n % 2} for n in (3, 7, 5, 6)]
+    batch = PaddingCollator(0)(rows)
+    reference = SineBertForSequenceClassification(tiny_config(num_labels=2))
+    reference.load_state_dict(model.state_dict())
+    expected = _gradients(reference, batch)
+    if epsilon:  # by hand: the loss again at words + epsilon * g / |g|, its gradient added
+        with torch.no_grad():
+            reference.get_input_embeddings().weight.add_(epsilon * expected[WORDS] / expected[WORDS].norm())
+        expected = {name: g + _gradients(reference, batch)[name] for name, g in expected.items()}
+
+    loader = torch.utils.data.DataLoader(rows, batch_size=4, collate_fn=PaddingCollator(0))
+    trainer = Trainer(args, accelerator, model, loader, Task(count=example_count))
+    clean_words = model.get_input_embeddings().weight.detach().clone()
+    seen = {}
+    trainer.optimizer.step = lambda: seen.update(
+        {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+    trainer._optimizer_step([batch], time.perf_counter())
+
+    assert torch.equal(model.get_input_embeddings().weight, clean_words)  # moved only for the second pass
+    assert seen.keys() == expected.keys()
+    for name, gradient in expected.items():
+        torch.testing.assert_close(seen[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
