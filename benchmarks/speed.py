@@ -5,6 +5,7 @@
     python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory or peak)
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
+    python benchmarks/speed.py --inference_only --compiled  # the same with every model torch.compile'd (serving)
     python benchmarks/speed.py --kernels    # full attention alone: PyTorch's SDPA against sinebert's matmul kernel
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, those of
@@ -27,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -182,14 +184,29 @@ def inference_batches(sentences: list[str]):
             for i in range(0, len(sentences), 32)]
 
 
-def inference_throughput(precision: str, batches: list, repeats: int) -> dict:
+def inference_throughput(precision: str, batches: list, repeats: int, compiled: bool = False) -> dict:
+    """Tokens/s of each model over `batches` (median of `repeats` passes after one untimed). `compiled`: every model
+    through `torch.compile(dynamic=True)` with inductor's freezing (weights folded in as constants, for serving),
+    and the seconds of each one's first, compiling pass."""
+    import torch._inductor.config  # only for `compiled`; importing inductor takes a second
+
     ours, theirs = (m.eval() for m in models("small", task="classification"))
     contenders = {"sinebert": ours, "bert": theirs,
                   "bert_eager": models("small", task="classification", bert_attention="eager")[1].eval()}
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
+    result = {"precision": precision, "real_tokens": tokens, "padded_tokens": padded, "compiled": compiled}
     times = {name: [] for name in contenders}
-    with torch.no_grad(), autocast(precision):
+    freezing = torch._inductor.config.patch(freezing=True) if compiled else nullcontext()
+    with torch.no_grad(), autocast(precision), freezing:
+        if compiled:
+            contenders = {name: torch.compile(model, dynamic=True) for name, model in contenders.items()}
+            for name, model in contenders.items():
+                start = time.perf_counter()
+                for batch in batches:
+                    model(**batch)
+                synchronize()
+                result[f"{name}_compile_seconds"] = time.perf_counter() - start
         for repeat in range(repeats + 1):
             for name, model in contenders.items():
                 synchronize()
@@ -199,7 +216,6 @@ def inference_throughput(precision: str, batches: list, repeats: int) -> dict:
                 synchronize()
                 if repeat:
                     times[name].append(time.perf_counter() - start)
-    result = {"precision": precision, "real_tokens": tokens, "padded_tokens": padded}
     for name in times:
         result[f"{name}_tokens_per_second"] = tokens / statistics.median(times[name])
     result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
@@ -359,7 +375,8 @@ def inference_table(rows: list[dict]) -> list[str]:
     lines = ["| SST-2 dev inference | BERT tokens/s | sinebert tokens/s | speed-up | BERT eager tokens/s | "
              "speed-up over it |", "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['precision']} | {r['bert_tokens_per_second']:,.0f} | {r['sinebert_tokens_per_second']:,.0f}"
+        what = r["precision"] + (", compiled" if r.get("compiled") else "")
+        lines.append(f"| {what} | {r['bert_tokens_per_second']:,.0f} | {r['sinebert_tokens_per_second']:,.0f}"
                      f" | {r['speedup']:.2f}x | {r['bert_eager_tokens_per_second']:,.0f} | {r['speedup_eager']:.2f}x |")
     return lines
 
@@ -400,6 +417,8 @@ def main():
                         help="Redo only this part of benchmarks/results/speed.json and rewrite the results.")
     parser.add_argument("--profile", action="store_true", help="Profile one fp32 SST-2 dev inference pass of each.")
     parser.add_argument("--inference_only", action="store_true", help="Measure only inference; print, do not save.")
+    parser.add_argument("--compiled", action="store_true",
+                        help="With --inference_only: every model torch.compile'd (dynamic shapes, freezing).")
     parser.add_argument("--kernels", action="store_true", help="Time the full-attention kernels alone; print only.")
     args = parser.parse_args()
     if args.kernels:
@@ -411,7 +430,13 @@ def main():
     # inference pass.
     native = DEVICE.type == "cuda" or cpu_has_native_bf16()
     if args.inference_only:
-        return print("\n".join(inference_table(inference_rows(args.quick, native))))
+        rows = inference_rows(args.quick, native, args.compiled)
+        lines = inference_table(rows)
+        if args.compiled:
+            lines += [f"first (compiling) pass, {r['precision']}: " + ", ".join(
+                f"{name} {r[f'{name}_compile_seconds']:.0f} s" for name in ("sinebert", "bert", "bert_eager"))
+                for r in rows]
+        return print("\n".join(lines))
     if args.remeasure:
         return remeasure(args.remeasure)
     steps = 2 if args.quick else args.steps
@@ -434,11 +459,11 @@ def main():
         save(report)
 
 
-def inference_rows(quick: bool, native: bool) -> list[dict]:
+def inference_rows(quick: bool, native: bool, compiled: bool = False) -> list[dict]:
     rows, batches = [], inference_batches(sst2_dev())
     for p in ("fp32", "bf16"):
-        print(f"SST-2 dev inference: {p} ...", flush=True)
-        rows.append(inference_throughput(p, batches, 1 if quick or (p == "bf16" and not native) else 7))
+        print(f"SST-2 dev inference: {p}{' compiled' if compiled else ''} ...", flush=True)
+        rows.append(inference_throughput(p, batches, 1 if quick or (p == "bf16" and not native) else 7, compiled))
     return rows
 
 

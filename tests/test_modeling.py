@@ -205,6 +205,22 @@ def test_eager_equals_sdpa_on_padded_batches(norm_placement):
     assert torch.equal(b.last_hidden_state[~real], torch.zeros_like(b.last_hidden_state[~real]))
 
 
+def test_torch_compile_with_freezing_serves_padded_batches_of_new_lengths_as_the_eager_reference():
+    """The serving setting that benchmarks/speed.py --compiled measures: dynamic shapes, weights frozen in."""
+    import torch._inductor.config
+
+    eager, sdpa = _model_pair(SineBertForSequenceClassification, num_labels=2)
+    eager.eval(), sdpa.eval()
+    compiled = torch.compile(sdpa, dynamic=True)
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        for batch, seq, cut in ((3, 17, 9), (4, 11, 2), (2, 23, 20)):  # padded batches the first calls never saw
+            ids = torch.randint(5, 99, (batch, seq))
+            mask = torch.ones_like(ids)
+            mask[1:, cut:] = 0
+            torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask).logits,
+                                       eager(input_ids=ids, attention_mask=mask).logits, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("cls", ALL_HEADS[1:])
 def test_unpadded_fast_path_matches_the_reference_in_every_head_and_its_gradients(cls):
     eager, sdpa = _model_pair(cls, num_labels=3)
