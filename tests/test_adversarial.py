@@ -10,7 +10,7 @@ from sinebert import SineBertForSequenceClassification
 from sinebert.training.classification import example_count
 from sinebert.training.finetune import PaddingCollator
 from sinebert.training.loop import Task, Trainer, setup_accelerator
-from tests.conftest import load_script, tiny_config
+from tests.conftest import load_script, tiny_config, user_error
 
 WORDS = "sinebert.embeddings.word_embeddings.weight"
 
@@ -52,3 +52,13 @@ def test_a_step_adds_the_gradient_at_the_embeddings_moved_up_their_gradient(tmp_
     assert seen.keys() == expected.keys()
     for name, gradient in expected.items():
         torch.testing.assert_close(seen[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_negative_epsilon_is_one_error_sentence(tmp_path, capsys, tokenizer_dir):
+    train = tmp_path / "train.csv"
+    train.write_text("sentence,label\n" + "good,positive\nbad,negative\n" * 10)
+    line = user_error(capsys, load_script("finetune_classification"),
+                      ["--train_file", train, "--tokenizer_name", tokenizer_dir, "--hidden_size", 32,
+                       "--num_hidden_layers", 1, "--num_attention_heads", 2, "--intermediate_size", 64,
+                       "--adversarial_epsilon", -0.5, "--output_dir", tmp_path / "out"])
+    assert line.startswith("error: --adversarial_epsilon -0.5 is negative")

@@ -188,6 +188,9 @@ class Trainer:
     def __init__(self, args, accelerator: Accelerator, model: nn.Module, train_dataloader, task: Task,
                  streaming: bool = False, evaluate_first: bool = False):
         self.args, self.accelerator, self.task, self.streaming = args, accelerator, task, streaming
+        if args.adversarial_epsilon < 0:
+            raise UserError(f"--adversarial_epsilon {args.adversarial_epsilon} is negative: it is the length of a step "
+                            "up the loss gradient; pass a positive value (0.25 in the SST-2 recipe), or 0 to disable.")
         self.evaluate_first = evaluate_first
         if not streaming:  # sharded first: an epoch is this process's share of the batches
             train_dataloader = accelerator.prepare(train_dataloader)
