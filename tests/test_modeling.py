@@ -210,10 +210,10 @@ def test_torch_compile_with_freezing_serves_padded_batches_of_new_lengths_as_the
     import torch._inductor.config
 
     eager, sdpa = _model_pair(SineBertForSequenceClassification, num_labels=2)
-    eager.eval(), sdpa.eval()
-    compiled = torch.compile(sdpa, dynamic=True)
+    eager.eval()
+    compiled = torch.compile(sdpa.eval(), dynamic=True)
     with torch.no_grad(), torch._inductor.config.patch(freezing=True):
-        for batch, seq, cut in ((3, 17, 9), (4, 11, 2), (2, 23, 20)):  # padded batches the first calls never saw
+        for batch, seq, cut in ((3, 17, 9), (4, 11, 2), (2, 23, 20)):  # new shapes and paddings after the first
             ids = torch.randint(5, 99, (batch, seq))
             mask = torch.ones_like(ids)
             mask[1:, cut:] = 0
