@@ -343,13 +343,12 @@ class Trainer:
                 batch = self.task.reshape(batch, self.state.step)
             with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast():
                 loss = self._loss(model(**batch), count)
+            accelerator.backward(loss * scale)
             if self.args.adversarial_epsilon:
-                with accelerator.no_sync(model):
-                    accelerator.backward(loss * scale)
+                # DDP decides at the forward whether a backward all-reduces: on the last micro-batch both do, so the
+                # embeddings move along the processes' mean gradient.
                 with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast():
                     self._adversarial_backward(batch, count, scale)
-            else:
-                accelerator.backward(loss * scale)
             loss_sum += loss.detach().float().item()
             tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
         self.state.training_seconds += time.perf_counter() - step_start
