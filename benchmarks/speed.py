@@ -184,6 +184,16 @@ def inference_batches(sentences: list[str]):
             for i in range(0, len(sentences), 32)]
 
 
+def timed_pass(model, batches: list) -> float:
+    """Seconds of one pass of `model` over `batches`."""
+    synchronize()
+    start = time.perf_counter()
+    for batch in batches:
+        model(**batch)
+    synchronize()
+    return time.perf_counter() - start
+
+
 def inference_throughput(precision: str, batches: list, repeats: int, compiled: bool = False) -> dict:
     """Tokens/s of each model over `batches` (median of `repeats` passes after one untimed). `compiled`: every model
     through `torch.compile(dynamic=True)` with inductor's freezing (weights folded in as constants, for serving),
@@ -201,21 +211,12 @@ def inference_throughput(precision: str, batches: list, repeats: int, compiled: 
     with torch.no_grad(), autocast(precision), freezing:
         if compiled:
             contenders = {name: torch.compile(model, dynamic=True) for name, model in contenders.items()}
-            for name, model in contenders.items():
-                start = time.perf_counter()
-                for batch in batches:
-                    model(**batch)
-                synchronize()
-                result[f"{name}_compile_seconds"] = time.perf_counter() - start
+            result["compile_seconds"] = {name: timed_pass(model, batches) for name, model in contenders.items()}
         for repeat in range(repeats + 1):
             for name, model in contenders.items():
-                synchronize()
-                start = time.perf_counter()
-                for batch in batches:
-                    model(**batch)
-                synchronize()
+                seconds = timed_pass(model, batches)
                 if repeat:
-                    times[name].append(time.perf_counter() - start)
+                    times[name].append(seconds)
     for name in times:
         result[f"{name}_tokens_per_second"] = tokens / statistics.median(times[name])
     result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
@@ -433,9 +434,9 @@ def main():
         rows = inference_rows(args.quick, native, args.compiled)
         lines = inference_table(rows)
         if args.compiled:
-            lines += [f"first (compiling) pass, {r['precision']}: " + ", ".join(
-                f"{name} {r[f'{name}_compile_seconds']:.0f} s" for name in ("sinebert", "bert", "bert_eager"))
-                for r in rows]
+            lines += [f"first (compiling) pass, {r['precision']}: "
+                      + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in r["compile_seconds"].items())
+                      for r in rows]
         return print("\n".join(lines))
     if args.remeasure:
         return remeasure(args.remeasure)
