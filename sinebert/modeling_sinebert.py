@@ -187,7 +187,9 @@ def matmul_attention_forward(
     weights = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
     output = torch.matmul(weights, value)  # (batch, heads, q_seq, head_dim)
     if attention_mask is not None:
-        output.masked_fill_(~attention_mask.any(dim=-1, keepdim=True), 0.0)  # fully masked rows: zeros, as eager
+        attends = attention_mask.any(dim=-1, keepdim=True)  # False at fully masked rows, which get zeros, as eager
+        if not bool(attends.all()):  # (padding masks have none unless a sequence is empty)
+            output.masked_fill_(~attends, 0.0)
     return output.transpose(1, 2), None
 
 
@@ -402,12 +404,7 @@ class SineBertAttention(nn.Module):
         qkv = self.qkv_proj(hidden_states)  # (batch, seq, 3 * hidden) or (n_real, 3 * hidden)
         hidden = qkv.shape[-1] // 3
         if unpadded is not None and self.layer_type == "full_attention":
-            # Each bucket of similar-length sequences padded only to its own longest: (n_real, hidden)
-            parts = []
-            for bucket in unpadded.buckets:
-                attended, _ = self._attend(bucket.layout.pad(qkv[bucket.rows]), bucket.mask, output_attentions)
-                parts.append(bucket.layout.unpad(attended))
-            output, weights = torch.cat(parts) if parts else qkv.new_zeros(0, hidden), None
+            output, weights = self._attend_buckets(qkv, unpadded.buckets, output_attentions), None  # (n_real, hidden)
         elif unpadded is not None:  # sliding windows need the batch's own positions; padding keys are masked
             output, weights = self._attend(unpadded.layout.pad(qkv), attention_mask, output_attentions)
             output = unpadded.layout.unpad(output)  # (n_real, hidden)
@@ -435,8 +432,23 @@ class SineBertAttention(nn.Module):
         batch, seq = key_value.shape[:2]
         query = query.view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, queries, dim)
         key, value = key_value.view(batch, seq, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        output, _ = self._kernel(query, key, value, attention_mask)  # (batch, queries, hidden)
-        return self.out_proj(output_rows.layout.unpad(output))
+        output, _ = self._kernel(query, key, value, attention_mask)  # (batch, queries, heads, head_dim)
+        return self.out_proj(output_rows.layout.unpad(output).flatten(1))
+
+    def _attend_buckets(
+        self, qkv: torch.Tensor, buckets: tuple["AttentionBucket", ...], output_attentions: bool = False
+    ) -> torch.Tensor:
+        """qkv: `(n_real, 3 * hidden)` -> `(n_real, hidden)`, full attention within each bucket of sequences."""
+        hidden = qkv.shape[-1] // 3
+        parts = []
+        for bucket in buckets:
+            batch, k_seq = bucket.grid.shape
+            # One gather fills the grid: no zeroing, as places past a sequence's end hold a real row (see the bucket).
+            grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, self.num_heads, self.head_dim)
+            query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, k_seq, head_dim) each
+            attended, _ = self._kernel(query[:, :, : bucket.q_seq], key, value, bucket.mask, output_attentions)
+            parts.append(attended[bucket.places].flatten(1))  # (batch, q_seq, heads, head_dim) -> (n_rows, hidden)
+        return torch.cat(parts) if parts else qkv.new_zeros(0, hidden)
 
     def _attend(
         self, qkv: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False
@@ -445,7 +457,8 @@ class SineBertAttention(nn.Module):
         batch, seq = qkv.shape[:2]
         # (batch, seq, 3 * hidden) -> (3, batch, heads, seq, head_dim)
         query, key, value = qkv.view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        return self._kernel(query, key, value, attention_mask, output_attentions)
+        output, weights = self._kernel(query, key, value, attention_mask, output_attentions)
+        return output.flatten(2), weights  # (batch, seq, hidden)
 
     def _kernel(
         self,
@@ -456,10 +469,10 @@ class SineBertAttention(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """query `(batch, heads, q_seq, head_dim)`, key and value `(batch, heads, seq, head_dim)` -> `(batch, q_seq,
-        hidden)` through the kernel of this layer's attn_implementation, and the weights under eager."""
+        heads, head_dim)` through the kernel of this layer's attn_implementation, and the weights under eager."""
         batch, q_seq = query.shape[0], query.shape[2]
         if q_seq == 0 or key.shape[2] == 0:  # nothing to compute, and SDPA rejects empty sequences
-            return query.new_zeros(batch, q_seq, self.num_heads * self.head_dim), None
+            return query.new_zeros(batch, q_seq, self.num_heads, self.head_dim), None
         kernel = attention_kernel(self.config._attn_implementation, self.layer_type)
         if output_attentions and kernel != "eager":
             raise ValueError(
@@ -477,7 +490,7 @@ class SineBertAttention(nn.Module):
             sliding_window=self.sliding_window,
             global_positions=self.global_positions,
         )
-        return output.reshape(batch, q_seq, -1), weights  # (batch, q_seq, heads, head_dim) -> (batch, q_seq, hidden)
+        return output, weights
 
     def kernel_description(self) -> str:
         """What this layer attends to and which kernel runs it, e.g. `sliding_attention(window=128, global=[0]) via
@@ -663,24 +676,37 @@ class PaddedLayout(NamedTuple):
 
 
 class AttentionBucket(NamedTuple):
-    """Sequences of similar length, padded together to the longest of them for the attention kernel."""
+    """Sequences of similar length whose full attention runs in one kernel call, on a `(batch, k_seq)` grid of keys and
+    values with each sequence's tokens at the front of its own row; the queries are the grid's first `q_seq` columns,
+    `q_seq` being the longest sequence."""
 
     rows: slice  # their rows in the `(n_real, ...)` layout of Unpadded
-    layout: PaddedLayout  # of those rows in the bucket's `(batch, seq)` grid
-    mask: torch.Tensor | None  # (batch, 1, 1, seq) True at real tokens, or None when all are as long as the longest
+    # (batch, k_seq) the row of `(n_real, ...)` at each place of the grid. Places past a sequence's end repeat a real
+    # row of the bucket: they are masked as keys and dropped as queries, so nothing needs zeroing.
+    grid: torch.Tensor
+    places: tuple[torch.Tensor, torch.Tensor]  # (n_rows,) twice: grid row and column of each of the bucket's rows
+    q_seq: int
+    mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
 
 
-# A bucket of its own costs a kernel call and its copies, counted as the attention work of one sequence of 64 tokens:
-# a batch is split only where that saves more. On the SST-2 dev batches of benchmarks/speed.py (2 CPU cores), costs
-# from 32**2 to 128**2 and 2 to 8 buckets ran within 7% of each other, and one bucket for all 10% slower.
-BUCKET_COST = 64 * 64
+# A bucket of its own costs a kernel call and its copies, counted as the attention work of one sequence of 128 tokens:
+# a batch is split only where that saves more. On the SST-2 dev batches of benchmarks/speed.py (2 CPU cores, bf16),
+# costs of 64**2 to 192**2 and 2 to 4 buckets ran within 4% of each other, 128**2 among the fastest; in float32 all
+# within 1%. Long inputs of mixed lengths still split, since their attention work grows with the square of the length.
+BUCKET_COST = 128 * 128
 MAX_BUCKETS = 4
+# PyTorch's bf16 softmax on a CPU is fast along a last dimension that is a multiple of 32 and runs a slow loop over
+# the rest: at 40 keys it took 2.5 times as long as at 64 (AMD EPYC, torch 2.13). Where full attention runs the matmul
+# kernel, each bucket's keys are therefore rounded up to this multiple; the keys added are masked, so the result is
+# the same. Over the SST-2 dev batches that took the attention of a layer from 36.6 to 33.6 ms.
+MATMUL_KEY_MULTIPLE = 32
 
 
-def attention_buckets(lengths: list[int], device: torch.device) -> tuple[AttentionBucket, ...]:
+def attention_buckets(lengths: list[int], device: torch.device, key_multiple: int = 1) -> tuple[AttentionBucket, ...]:
     """Splits sequences of `lengths` (longest first; their rows follow one another in that order) into at most
-    MAX_BUCKETS runs of equal count, as many as make the padded attention work, sum(batch * seq**2), plus
-    BUCKET_COST per bucket smallest. Sequences without tokens join no bucket."""
+    MAX_BUCKETS runs of equal count, as many as make the padded attention work, sum(batch * q_seq * k_seq), plus
+    BUCKET_COST per bucket smallest; each bucket's keys are its longest rounded up to a multiple of `key_multiple`.
+    Sequences without tokens join no bucket."""
     lengths = [n for n in lengths if n]
     if not lengths:
         return ()
@@ -689,8 +715,11 @@ def attention_buckets(lengths: list[int], device: torch.device) -> tuple[Attenti
         size = -(-len(lengths) // count)
         return [lengths[i : i + size] for i in range(0, len(lengths), size)]
 
+    def keys(run: list[int]) -> int:
+        return -(-run[0] // key_multiple) * key_multiple
+
     def cost(split: list[list[int]]) -> int:
-        return sum(len(run) * run[0] ** 2 + BUCKET_COST for run in split)
+        return sum(len(run) * run[0] * keys(run) + BUCKET_COST for run in split)
 
     splits = [runs(count) for count in range(1, MAX_BUCKETS + 1)]
     costs = [cost(split) for split in splits]  # (not min(key=...), which torch.compile warns about)
@@ -698,9 +727,14 @@ def attention_buckets(lengths: list[int], device: torch.device) -> tuple[Attenti
     for run in splits[costs.index(min(costs))]:
         # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
         # were added to the embeddings), so where the padding was (left or right) does not matter.
-        real = torch.arange(run[0], device=device) < torch.tensor(run, device=device)[:, None]  # (batch, seq)
-        mask = None if run[-1] == run[0] else real[:, None, None, :]
-        buckets.append(AttentionBucket(slice(start, start + sum(run)), PaddedLayout.of(real), mask))
+        counts = torch.tensor(run, device=device)[:, None]  # (batch, 1)
+        starts = start + counts.cumsum(0) - counts  # (batch, 1) the row of each sequence's first token
+        columns = torch.arange(keys(run), device=device)  # (k_seq,)
+        real = columns < counts  # (batch, k_seq)
+        grid = torch.where(real, starts + columns, start)
+        mask = None if bool(real.all()) else real[:, None, None, :]
+        places = real[:, : run[0]].nonzero().unbind(1)
+        buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, places, run[0], mask))
         start += sum(run)
     return tuple(buckets)
 
@@ -718,13 +752,14 @@ class Unpadded(NamedTuple):
     buckets: tuple[AttentionBucket, ...]
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor) -> "Unpadded":
+    def from_mask(cls, attention_mask: torch.Tensor, key_multiple: int = 1) -> "Unpadded":
+        """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`)."""
         real = attention_mask.bool()
         lengths = real.sum(1)  # (batch,)
         order = torch.argsort(lengths, descending=True, stable=True)
         positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
         layout = PaddedLayout.of(real, slots=positions[real[order]])
-        return cls(layout, attention_buckets(lengths[order].tolist(), real.device))
+        return cls(layout, attention_buckets(lengths[order].tolist(), real.device, key_multiple))
 
     def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Flattened `(batch * seq)` positions of real tokens -> their rows in the `(n_real, ...)` layout."""
@@ -802,7 +837,7 @@ class SineBertModel(SineBertPreTrainedModel):
         # every position as written. The outputs at padding are then zeros instead of values nobody should read.
         unpadded = None
         if masks["full_attention"] is not None and self.config._attn_implementation != "eager":
-            unpadded = Unpadded.from_mask(attention_mask)
+            unpadded = Unpadded.from_mask(attention_mask, self._bucket_key_multiple(hidden_states))
             hidden_states = unpadded.layout.unpad(hidden_states)  # (n_real, hidden)
         output_rows = None
         if output_mask is not None and not output_hidden_states and self.config._attn_implementation != "eager":
@@ -829,6 +864,14 @@ class SineBertModel(SineBertPreTrainedModel):
             hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
+
+    def _bucket_key_multiple(self, hidden_states: torch.Tensor) -> int:
+        """MATMUL_KEY_MULTIPLE where full attention will run the matmul kernel (bf16 on a CPU, see `sdpa_backend`),
+        else 1. The projections compute in the autocast dtype where autocast is on, else in the hidden states'."""
+        device = hidden_states.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_states.dtype
+        cpu_bf16 = device == "cpu" and dtype == torch.bfloat16
+        return MATMUL_KEY_MULTIPLE if cpu_bf16 and self.config._attn_implementation == "sdpa" else 1
 
     @staticmethod
     def _check_output_mask(output_mask: torch.Tensor, attention_mask: torch.Tensor | None, shape: torch.Size):

@@ -14,6 +14,7 @@ from sinebert import (
 )
 from sinebert.modeling_sinebert import (
     BUCKET_COST,
+    MATMUL_KEY_MULTIPLE,
     SineBertAttention,
     Unpadded,
     _padding_mask,
@@ -265,28 +266,50 @@ def test_last_layer_computes_only_the_rows_the_head_reads_and_matches_the_refere
 
 
 def test_attention_buckets_split_a_batch_only_where_it_saves_more_than_a_kernel_call():
-    assert attention_buckets([], torch.device("cpu")) == attention_buckets([0, 0], torch.device("cpu")) == ()
-    (same,) = attention_buckets([50] * 8, torch.device("cpu"))
-    assert (same.rows, same.layout.batch, same.layout.seq, same.mask) == (slice(0, 400), 8, 50, None)
-    assert len(attention_buckets([12, 11, 3, 2], torch.device("cpu"))) == 1  # too small to pay for a second call
+    cpu = torch.device("cpu")
+    assert attention_buckets([], cpu) == attention_buckets([0, 0], cpu) == ()
+    (same,) = attention_buckets([50] * 8, cpu)
+    assert (same.rows, same.grid.shape, same.q_seq, same.mask) == (slice(0, 400), (8, 50), 50, None)
+    assert len(attention_buckets([12, 11, 3, 2], cpu)) == 1  # too small to pay for a second call
     lengths = [100] * 4 + [5] * 4 + [0]
-    long, short = attention_buckets(lengths, torch.device("cpu"))
+    long, short = attention_buckets(lengths, cpu)
     assert 4 * 100**2 + 4 * 5**2 + 2 * BUCKET_COST < 8 * 100**2 + BUCKET_COST  # the premise: two calls cost less
-    assert (long.rows, long.layout.seq, long.mask) == (slice(0, 400), 100, None)
-    assert (short.rows, short.layout.batch, short.layout.seq) == (slice(400, 420), 4, 5)
-    # A bucket's grid holds its rows in order, each sequence's at the front of its own row; zeros elsewhere.
-    ragged = attention_buckets([100, 100, 100, 90, 5, 4, 4, 2], torch.device("cpu"))[1]
-    assert ragged.mask[:, 0, 0].sum(1).tolist() == [5, 4, 4, 2]
-    rows = torch.arange(1, 16, dtype=torch.float)[:, None]
-    grid = ragged.layout.pad(rows)  # (4, 5, 1)
-    assert grid[..., 0].tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0], [10, 11, 12, 13, 0], [14, 15, 0, 0, 0]]
-    assert torch.equal(ragged.layout.unpad(grid), rows)
+    assert (long.rows, long.grid.shape, long.mask) == (slice(0, 400), (4, 100), None)
+    assert (short.rows, short.grid.shape, short.q_seq) == (slice(400, 420), (4, 5), 5)
 
 
+def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_real_row_past_its_end():
+    ragged = attention_buckets([100, 100, 100, 90, 5, 4, 4, 2], torch.device("cpu"), key_multiple=8)[1]
+    assert ragged.rows == slice(390, 405) and ragged.q_seq == 5
+    assert ragged.grid.tolist() == [[390, 391, 392, 393, 394, 390, 390, 390], [395, 396, 397, 398, 390, 390, 390, 390],
+                                    [399, 400, 401, 402, 390, 390, 390, 390], [403, 404, 390, 390, 390, 390, 390, 390]]
+    assert ragged.mask.shape == (4, 1, 1, 8) and ragged.mask[:, 0, 0].sum(1).tolist() == [5, 4, 4, 2]
+    # The bucket's rows, in order, sit at these (row, column) places of the grid.
+    rows, columns = ragged.places
+    assert ragged.grid[rows, columns].tolist() == list(range(390, 405))
+    (rounded,) = attention_buckets([50] * 8, torch.device("cpu"), key_multiple=32)
+    assert rounded.grid.shape == (8, 64) and rounded.q_seq == 50 and rounded.mask[:, 0, 0].sum(1).tolist() == [50] * 8
+
+
+def test_buckets_round_their_keys_up_to_32_only_where_the_matmul_kernel_will_run():
+    model = SineBertModel(tiny_config())
+    model.config._attn_implementation = "sdpa"
+    hidden = torch.zeros(2, 3, 32)
+    assert model._bucket_key_multiple(hidden) == 1
+    assert model._bucket_key_multiple(hidden.bfloat16()) == MATMUL_KEY_MULTIPLE == 32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model._bucket_key_multiple(hidden) == 32
+        model.config._attn_implementation = "eager"
+        assert model._bucket_key_multiple(hidden) == 1
+
+
+@pytest.mark.parametrize("key_multiple", [1, 32])
 @pytest.mark.parametrize("cls", [SineBertModel, SineBertForMaskedLM, SineBertForSequenceClassification])
-def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls):
+def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls, key_multiple, monkeypatch):
     """Batches whose lengths differ enough run full attention in several buckets; outputs and gradients equal the
-    eager reference's, with left padding, an empty row (the bare encoder) and the last layer's rows read."""
+    eager reference's, with left padding, an empty row (the bare encoder), the last layer's rows read, and the
+    buckets' keys rounded up to a multiple of 32 (as for bf16 on a CPU; here in float32, so that it is exact)."""
+    monkeypatch.setattr(SineBertModel, "_bucket_key_multiple", lambda self, hidden_states: key_multiple)
     eager, sdpa = _model_pair(cls, num_labels=3, sparse_prediction=True, max_position_embeddings=128)
     lengths = torch.tensor([96, 7, 64, 3, 90, 12, 40, 0 if cls is SineBertModel else 5])
     mask = (torch.arange(96) < lengths[:, None]).long()
@@ -310,6 +333,16 @@ def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls
     torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
     for (name, p), q in zip(eager.named_parameters(), sdpa.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_keys_rounded_up_are_masked_even_where_every_sequence_has_the_same_length(monkeypatch):
+    monkeypatch.setattr(SineBertModel, "_bucket_key_multiple", lambda self, hidden_states: 32)
+    eager, sdpa = _model_pair(SineBertModel)
+    mask = (torch.arange(24) < 20).long().repeat(3, 1)  # one bucket of three sequences of 20: 12 keys added
+    ids = torch.randint(5, 99, mask.shape, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        a, b = (model(input_ids=ids, attention_mask=mask).last_hidden_state for model in (eager, sdpa))
+    torch.testing.assert_close(a[mask.bool()], b[mask.bool()], atol=1e-5, rtol=1e-5)
 
 
 def test_output_mask_selects_rows_on_every_path_and_rejects_padding_and_wrong_shapes():
