@@ -187,9 +187,7 @@ def matmul_attention_forward(
     weights = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
     output = torch.matmul(weights, value)  # (batch, heads, q_seq, head_dim)
     if attention_mask is not None:
-        attends = attention_mask.any(dim=-1, keepdim=True)  # False at fully masked rows, which get zeros, as eager
-        if not bool(attends.all()):  # (padding masks have none unless a sequence is empty)
-            output.masked_fill_(~attends, 0.0)
+        output.masked_fill_(~attention_mask.any(dim=-1, keepdim=True), 0.0)  # fully masked rows: zeros, as eager
     return output.transpose(1, 2), None
 
 
