@@ -740,10 +740,11 @@ def attention_buckets(lengths: list[int], device: torch.device, key_multiple: in
 class Unpadded(NamedTuple):
     """Where the real tokens of a padded `(batch, seq)` batch sit once the padding is taken out.
 
-    Projections, feed-forward layers and LayerNorms then run on `(n_real, hidden)` rows only (Portes et al., 2023,
-    MosaicBERT; ModernBERT): with mixed-length batches most of the work is no longer spent on padding. The rows hold
-    the sequences longest first, so that full attention can run on buckets of similar length, each padded only to its
-    own longest (`buckets`); sliding-window attention puts the rows back into the `(batch, seq)` batch (`layout`).
+    Embeddings, projections, feed-forward layers and LayerNorms then run on `(n_real, hidden)` rows only (Portes et
+    al., 2023, MosaicBERT; ModernBERT): with mixed-length batches most of the work is no longer spent on padding. The
+    rows hold the sequences longest first, so that full attention can run on buckets of similar length, each padded
+    only to about its own longest (`buckets`); sliding-window attention puts the rows back into the `(batch, seq)`
+    batch (`layout`).
     """
 
     layout: PaddedLayout  # of the rows in the batch
@@ -758,6 +759,17 @@ class Unpadded(NamedTuple):
         positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
         layout = PaddedLayout.of(real, slots=positions[real[order]])
         return cls(layout, attention_buckets(lengths[order].tolist(), real.device, key_multiple))
+
+    def real_tokens(self, *inputs: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """Each of the embeddings' inputs (ids `(batch, seq)` or `inputs_embeds` `(batch, seq, hidden)`, or None) at
+        the real tokens, in the rows' order, as one row: `(1, n_real, ...)`. position_ids (the third), when None,
+        become each token's column, the position it has in the padded batch."""
+        grid = self.layout.batch, self.layout.seq  # (position_ids may come as one row for every sequence)
+        taken = [None if x is None else x.expand(*grid, *x.shape[2:]).flatten(0, 1)[self.layout.slots][None]
+                 for x in inputs]
+        if taken[2] is None:
+            taken[2] = (self.layout.slots % self.layout.seq)[None]
+        return taken
 
     def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Flattened `(batch * seq)` positions of real tokens -> their rows in the `(n_real, ...)` layout."""
@@ -827,16 +839,25 @@ class SineBertModel(SineBertPreTrainedModel):
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
+        inputs = input_ids if input_ids is not None else inputs_embeds
         if output_mask is not None:
-            self._check_output_mask(output_mask, attention_mask, hidden_states.shape[:2])
-        masks = self._layer_masks(attention_mask, hidden_states.shape[1], hidden_states.device)
-        # Padded batches drop their padding between the layers, except under the eager reference, which computes
+            self._check_output_mask(output_mask, attention_mask, inputs.shape[:2])
+        masks = self._layer_masks(attention_mask, inputs.shape[1], inputs.device)
+        # Padded batches drop their padding before the layers, except under the eager reference, which computes
         # every position as written. The outputs at padding are then zeros instead of values nobody should read.
         unpadded = None
         if masks["full_attention"] is not None and self.config._attn_implementation != "eager":
-            unpadded = Unpadded.from_mask(attention_mask, self._bucket_key_multiple(hidden_states))
-            hidden_states = unpadded.layout.unpad(hidden_states)  # (n_real, hidden)
+            unpadded = Unpadded.from_mask(attention_mask, self._bucket_key_multiple(inputs.device))
+        if unpadded is not None and self.embeddings.segment_match is None and not torch.compiler.is_compiling():
+            # Only the real tokens are embedded, as one row of n_real; cross-segment matches need the whole rows.
+            # (Not under torch.compile: with freezing and dynamic shapes, torch 2.13's inductor generates code for
+            # this path that names an undefined size and fails.)
+            hidden_states = self.embeddings(*unpadded.real_tokens(input_ids, token_type_ids, position_ids,
+                                                                  inputs_embeds, case_ids)).squeeze(0)
+        else:
+            hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
+            if unpadded is not None:
+                hidden_states = unpadded.layout.unpad(hidden_states)  # (n_real, hidden)
         output_rows = None
         if output_mask is not None and not output_hidden_states and self.config._attn_implementation != "eager":
             output_rows = OutputRows.from_mask(output_mask, unpadded)
@@ -863,11 +884,12 @@ class SineBertModel(SineBertPreTrainedModel):
             attentions=tuple(all_attentions) if output_attentions else None,
         )
 
-    def _bucket_key_multiple(self, hidden_states: torch.Tensor) -> int:
+    def _bucket_key_multiple(self, device: torch.device) -> int:
         """MATMUL_KEY_MULTIPLE where full attention will run the matmul kernel (bf16 on a CPU, see `sdpa_backend`),
-        else 1. The projections compute in the autocast dtype where autocast is on, else in the hidden states'."""
-        device = hidden_states.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_states.dtype
+        else 1. The projections compute in the autocast dtype where autocast is on, else in the weights'."""
+        device = device.type
+        weights = self.embeddings.word_embeddings.weight.dtype
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weights
         cpu_bf16 = device == "cpu" and dtype == torch.bfloat16
         return MATMUL_KEY_MULTIPLE if cpu_bf16 and self.config._attn_implementation == "sdpa" else 1
 

@@ -294,13 +294,14 @@ def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_
 def test_buckets_round_their_keys_up_to_32_only_where_the_matmul_kernel_will_run():
     model = SineBertModel(tiny_config())
     model.config._attn_implementation = "sdpa"
-    hidden = torch.zeros(2, 3, 32)
-    assert model._bucket_key_multiple(hidden) == 1
-    assert model._bucket_key_multiple(hidden.bfloat16()) == MATMUL_KEY_MULTIPLE == 32
+    cpu = torch.device("cpu")
+    assert model._bucket_key_multiple(cpu) == 1
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert model._bucket_key_multiple(hidden) == 32
+        assert model._bucket_key_multiple(cpu) == MATMUL_KEY_MULTIPLE == 32
         model.config._attn_implementation = "eager"
-        assert model._bucket_key_multiple(hidden) == 1
+        assert model._bucket_key_multiple(cpu) == 1
+    model.config._attn_implementation = "sdpa"
+    assert model.to(torch.bfloat16)._bucket_key_multiple(cpu) == 32  # bf16 weights, no autocast
 
 
 @pytest.mark.parametrize("key_multiple", [1, 32])
@@ -309,7 +310,7 @@ def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls
     """Batches whose lengths differ enough run full attention in several buckets; outputs and gradients equal the
     eager reference's, with left padding, an empty row (the bare encoder), the last layer's rows read, and the
     buckets' keys rounded up to a multiple of 32 (as for bf16 on a CPU; here in float32, so that it is exact)."""
-    monkeypatch.setattr(SineBertModel, "_bucket_key_multiple", lambda self, hidden_states: key_multiple)
+    monkeypatch.setattr(SineBertModel, "_bucket_key_multiple", lambda self, device: key_multiple)
     eager, sdpa = _model_pair(cls, num_labels=3, sparse_prediction=True, max_position_embeddings=128)
     lengths = torch.tensor([96, 7, 64, 3, 90, 12, 40, 0 if cls is SineBertModel else 5])
     mask = (torch.arange(96) < lengths[:, None]).long()
@@ -335,8 +336,27 @@ def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("inputs_given", ["position_ids", "one_row_of_position_ids", "inputs_embeds", "case_ids"])
+def test_real_tokens_alone_are_embedded_as_the_reference_embeds_them_in_the_padded_batch(inputs_given):
+    eager, sdpa = _model_pair(SineBertModel, letter_case=inputs_given == "case_ids")
+    inputs = _inputs(batch=2, seq=12)  # the second row is padded from position 6 on
+    inputs["token_type_ids"] = (torch.arange(12) >= 4).long().expand(2, 12)
+    if inputs_given == "position_ids":
+        inputs["position_ids"] = torch.arange(24).view(2, 12) + 3
+    elif inputs_given == "one_row_of_position_ids":
+        inputs["position_ids"] = torch.arange(12)[None] * 2
+    elif inputs_given == "inputs_embeds":
+        inputs["inputs_embeds"] = eager.embeddings.word_embeddings(inputs.pop("input_ids")) * 1.5
+    else:
+        inputs["case_ids"] = torch.randint(0, 3, (2, 12), generator=torch.Generator().manual_seed(6))
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        a, b = (model(**inputs).last_hidden_state for model in (eager, sdpa))
+    torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=1e-5)
+
+
 def test_keys_rounded_up_are_masked_even_where_every_sequence_has_the_same_length(monkeypatch):
-    monkeypatch.setattr(SineBertModel, "_bucket_key_multiple", lambda self, hidden_states: 32)
+    monkeypatch.setattr(SineBertModel, "_bucket_key_multiple", lambda self, device: 32)
     eager, sdpa = _model_pair(SineBertModel)
     mask = (torch.arange(24) < 20).long().repeat(3, 1)  # one bucket of three sequences of 20: 12 keys added
     ids = torch.randint(5, 99, mask.shape, generator=torch.Generator().manual_seed(5))
