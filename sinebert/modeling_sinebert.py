@@ -394,18 +394,19 @@ class SineBertAttention(nn.Module):
         unpadded: "Unpadded | None" = None,
         output_rows: "OutputRows | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`. With
+        """hidden_states: `(batch, seq, hidden)`, or the `(n_rows, hidden)` rows of `unpadded`. With
         `output_rows`, the output is `(n_rows, hidden)`: every token is still a key and a value, but only those rows
         are queries (under full attention) and are projected out."""
         if output_rows is not None and self.layer_type == "full_attention":
             return self._attend_output_rows(hidden_states, attention_mask, unpadded, output_rows), None
-        qkv = self.qkv_proj(hidden_states)  # (batch, seq, 3 * hidden) or (n_real, 3 * hidden)
+        qkv = self.qkv_proj(hidden_states)  # (batch, seq, 3 * hidden) or (n_rows, 3 * hidden)
         hidden = qkv.shape[-1] // 3
         if unpadded is not None and self.layer_type == "full_attention":
-            output, weights = self._attend_buckets(qkv, unpadded.buckets, output_attentions), None  # (n_real, hidden)
+            output = unpadded.with_fillers(self._attend_buckets(qkv, unpadded.buckets, output_attentions))
+            weights = None  # output: (n_rows, hidden)
         elif unpadded is not None:  # sliding windows need the batch's own positions; padding keys are masked
-            output, weights = self._attend(unpadded.layout.pad(qkv), attention_mask, output_attentions)
-            output = unpadded.layout.unpad(output)  # (n_real, hidden)
+            output, weights = self._attend(unpadded.pad(qkv), attention_mask, output_attentions)
+            output = unpadded.with_fillers(unpadded.layout.unpad(output))  # (n_rows, hidden)
         else:
             output, weights = self._attend(qkv, attention_mask, output_attentions)
         if output_rows is not None:
@@ -426,7 +427,7 @@ class SineBertAttention(nn.Module):
         query = output_rows.layout.pad(F.linear(rows, weight[:hidden], bias[:hidden]))  # (batch, queries, hidden)
         key_value = F.linear(hidden_states, weight[hidden:], bias[hidden:])  # (..., 2 * hidden) for every token
         if unpadded is not None:
-            key_value = unpadded.layout.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked
+            key_value = unpadded.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked
         batch, seq = key_value.shape[:2]
         query = query.view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, queries, dim)
         key, value = key_value.view(batch, seq, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
@@ -436,7 +437,7 @@ class SineBertAttention(nn.Module):
     def _attend_buckets(
         self, qkv: torch.Tensor, buckets: tuple["AttentionBucket", ...], output_attentions: bool = False
     ) -> torch.Tensor:
-        """qkv: `(n_real, 3 * hidden)` -> `(n_real, hidden)`, full attention within each bucket of sequences."""
+        """qkv: `(n_rows, 3 * hidden)` -> `(n_real, hidden)`, full attention within each bucket of sequences."""
         hidden = qkv.shape[-1] // 3
         parts = []
         for bucket in buckets:
@@ -538,7 +539,7 @@ class SineBertLayer(GradientCheckpointingLayer):
         unpadded: "Unpadded | None" = None,
         output_rows: "OutputRows | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: `(batch, seq, hidden)`, or `(n_real, hidden)` rows of real tokens when `unpadded`. With
+        """hidden_states: `(batch, seq, hidden)`, or the `(n_rows, hidden)` rows of `unpadded`. With
         `output_rows`, the layer returns only those rows, `(n_rows, hidden)`, and computes its residual, norms and
         feed-forward network on them alone (the rows a head reads, in the last layer)."""
         attended, weights = self.attention(
@@ -698,6 +699,11 @@ MAX_BUCKETS = 4
 # kernel, each bucket's keys are therefore rounded up to this multiple; the keys added are masked, so the result is
 # the same. Over the SST-2 dev batches that took the attention of a layer from 36.6 to 33.6 ms.
 MATMUL_KEY_MULTIPLE = 32
+# bf16 matrix products on a CPU (oneDNN) run slower when their rows are not a multiple of 16 and change from call to
+# call, as the real-token counts of unpadded batches do: over 28 such counts from 950 to 1,139 a (n, 256) x (256, 1024)
+# product made 649 GFLOP/s, and 697 (counting only the real rows) with its rows rounded up to a multiple of 16 (AMD
+# EPYC, torch 2.13; float32 is not affected). Unpadded bf16 batches therefore carry filler rows up to this multiple.
+CPU_BF16_ROW_MULTIPLE = 16
 
 
 def attention_buckets(lengths: list[int], device: torch.device, key_multiple: int = 1) -> tuple[AttentionBucket, ...]:
@@ -740,35 +746,56 @@ def attention_buckets(lengths: list[int], device: torch.device, key_multiple: in
 class Unpadded(NamedTuple):
     """Where the real tokens of a padded `(batch, seq)` batch sit once the padding is taken out.
 
-    Embeddings, projections, feed-forward layers and LayerNorms then run on `(n_real, hidden)` rows only (Portes et
+    Embeddings, projections, feed-forward layers and LayerNorms then run on these rows only (Portes et
     al., 2023, MosaicBERT; ModernBERT): with mixed-length batches most of the work is no longer spent on padding. The
     rows hold the sequences longest first, so that full attention can run on buckets of similar length, each padded
     only to about its own longest (`buckets`); sliding-window attention puts the rows back into the `(batch, seq)`
-    batch (`layout`).
+    batch (`layout`). After the real tokens' rows may come filler rows, copies of the first, up to a multiple of
+    `row_multiple` rows: every layer computes them, but no token attends to them and no output keeps them.
     """
 
-    layout: PaddedLayout  # of the rows in the batch
+    layout: PaddedLayout  # of the real tokens' rows in the batch
     buckets: tuple[AttentionBucket, ...]
+    rows: torch.Tensor  # (n_rows,) the place in the flattened batch each row comes from: layout.slots, then fillers
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, key_multiple: int = 1) -> "Unpadded":
-        """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`)."""
+    def from_mask(cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1) -> "Unpadded":
+        """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
+        `row_multiple`: the rows, with fillers."""
         real = attention_mask.bool()
         lengths = real.sum(1)  # (batch,)
         order = torch.argsort(lengths, descending=True, stable=True)
         positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
         layout = PaddedLayout.of(real, slots=positions[real[order]])
-        return cls(layout, attention_buckets(lengths[order].tolist(), real.device, key_multiple))
+        fillers = -len(layout.slots) % row_multiple
+        rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
+        return cls(layout, attention_buckets(lengths[order].tolist(), real.device, key_multiple), rows)
+
+    @property
+    def n_real(self) -> int:
+        return len(self.layout.slots)
+
+    def unpad(self, values: torch.Tensor) -> torch.Tensor:
+        """`(batch, seq, ...)` -> `(n_rows, ...)`, fillers included."""
+        return values.flatten(0, 1).index_select(0, self.rows)
+
+    def pad(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n_rows, ...)` -> `(batch, seq, ...)`, zeros at the padding; the fillers are dropped."""
+        return self.layout.pad(values[: self.n_real])
+
+    def with_fillers(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n_real, ...)` -> `(n_rows, ...)`, zeros at the fillers."""
+        fillers = len(self.rows) - self.n_real
+        return torch.cat([values, values.new_zeros(fillers, *values.shape[1:])]) if fillers else values
 
     def real_tokens(self, *inputs: torch.Tensor | None) -> list[torch.Tensor | None]:
         """Each of the embeddings' inputs (ids `(batch, seq)` or `inputs_embeds` `(batch, seq, hidden)`, or None) at
-        the real tokens, in the rows' order, as one row: `(1, n_real, ...)`. position_ids (the third), when None,
-        become each token's column, the position it has in the padded batch."""
+        each row, as one row: `(1, n_rows, ...)`. position_ids (the third), when None, become each token's column, the
+        position it has in the padded batch."""
         grid = self.layout.batch, self.layout.seq  # (position_ids may come as one row for every sequence)
-        taken = [None if x is None else x.expand(*grid, *x.shape[2:]).flatten(0, 1)[self.layout.slots][None]
-                 for x in inputs]
+        taken = [None if x is None else x.expand(*grid, *x.shape[2:]).flatten(0, 1)[self.rows][None] for x in inputs]
         if taken[2] is None:
-            taken[2] = (self.layout.slots % self.layout.seq)[None]
+            taken[2] = (self.rows % self.layout.seq)[None]
         return taken
 
     def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
@@ -847,9 +874,9 @@ class SineBertModel(SineBertPreTrainedModel):
         # every position as written. The outputs at padding are then zeros instead of values nobody should read.
         unpadded = None
         if masks["full_attention"] is not None and self.config._attn_implementation != "eager":
-            unpadded = Unpadded.from_mask(attention_mask, self._bucket_key_multiple(inputs.device))
+            unpadded = Unpadded.from_mask(attention_mask, *self._unpadded_multiples(inputs.device))
         if unpadded is not None and self.embeddings.segment_match is None and not torch.compiler.is_compiling():
-            # Only the real tokens are embedded, as one row of n_real; cross-segment matches need the whole rows.
+            # Only the rows are embedded, as one sequence; cross-segment matches need the batch's own rows.
             # (Not under torch.compile: with freezing and dynamic shapes, torch 2.13's inductor generates code for
             # this path that names an undefined size and fails.)
             hidden_states = self.embeddings(*unpadded.real_tokens(input_ids, token_type_ids, position_ids,
@@ -857,7 +884,7 @@ class SineBertModel(SineBertPreTrainedModel):
         else:
             hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
             if unpadded is not None:
-                hidden_states = unpadded.layout.unpad(hidden_states)  # (n_real, hidden)
+                hidden_states = unpadded.unpad(hidden_states)  # (n_rows, hidden)
         output_rows = None
         if output_mask is not None and not output_hidden_states and self.config._attn_implementation != "eager":
             output_rows = OutputRows.from_mask(output_mask, unpadded)
@@ -874,8 +901,8 @@ class SineBertModel(SineBertPreTrainedModel):
             hidden_states = self.final_norm(hidden_states)
         all_hidden_states.append(hidden_states)
         if unpadded is not None and output_rows is None:
-            hidden_states = unpadded.layout.pad(hidden_states)
-            all_hidden_states = [unpadded.layout.pad(h) for h in all_hidden_states] if output_hidden_states else []
+            hidden_states = unpadded.pad(hidden_states)
+            all_hidden_states = [unpadded.pad(h) for h in all_hidden_states] if output_hidden_states else []
         if output_mask is not None and output_rows is None:  # the reference: every position computed, then selected
             hidden_states = hidden_states[output_mask.bool()]
         return BaseModelOutput(
@@ -884,14 +911,16 @@ class SineBertModel(SineBertPreTrainedModel):
             attentions=tuple(all_attentions) if output_attentions else None,
         )
 
-    def _bucket_key_multiple(self, device: torch.device) -> int:
-        """MATMUL_KEY_MULTIPLE where full attention will run the matmul kernel (bf16 on a CPU, see `sdpa_backend`),
-        else 1. The projections compute in the autocast dtype where autocast is on, else in the weights'."""
+    def _unpadded_multiples(self, device: torch.device) -> tuple[int, int]:
+        """(key_multiple, row_multiple) of `Unpadded.from_mask`: MATMUL_KEY_MULTIPLE where full attention will run
+        the matmul kernel and CPU_BF16_ROW_MULTIPLE for the projections, both for bf16 on a CPU, else 1. The
+        projections compute in the autocast dtype where autocast is on, else in the weights'."""
         device = device.type
         weights = self.embeddings.word_embeddings.weight.dtype
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weights
-        cpu_bf16 = device == "cpu" and dtype == torch.bfloat16
-        return MATMUL_KEY_MULTIPLE if cpu_bf16 and self.config._attn_implementation == "sdpa" else 1
+        if device != "cpu" or dtype != torch.bfloat16:
+            return 1, 1
+        return MATMUL_KEY_MULTIPLE if self.config._attn_implementation == "sdpa" else 1, CPU_BF16_ROW_MULTIPLE
 
     @staticmethod
     def _check_output_mask(output_mask: torch.Tensor, attention_mask: torch.Tensor | None, shape: torch.Size):

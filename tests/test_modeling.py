@@ -14,6 +14,7 @@ from sinebert import (
 )
 from sinebert.modeling_sinebert import (
     BUCKET_COST,
+    CPU_BF16_ROW_MULTIPLE,
     MATMUL_KEY_MULTIPLE,
     SineBertAttention,
     Unpadded,
@@ -291,26 +292,38 @@ def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_
     assert rounded.grid.shape == (8, 64) and rounded.q_seq == 50 and rounded.mask[:, 0, 0].sum(1).tolist() == [50] * 8
 
 
-def test_buckets_round_their_keys_up_to_32_only_where_the_matmul_kernel_will_run():
+def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
     model = SineBertModel(tiny_config())
     model.config._attn_implementation = "sdpa"
     cpu = torch.device("cpu")
-    assert model._bucket_key_multiple(cpu) == 1
+    assert model._unpadded_multiples(cpu) == (1, 1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert model._bucket_key_multiple(cpu) == MATMUL_KEY_MULTIPLE == 32
-        model.config._attn_implementation = "eager"
-        assert model._bucket_key_multiple(cpu) == 1
+        assert model._unpadded_multiples(cpu) == (MATMUL_KEY_MULTIPLE, CPU_BF16_ROW_MULTIPLE) == (32, 16)
+        model.config._attn_implementation = "eager"  # (which does not unpad at all)
+        assert model._unpadded_multiples(cpu) == (1, 16)
     model.config._attn_implementation = "sdpa"
-    assert model.to(torch.bfloat16)._bucket_key_multiple(cpu) == 32  # bf16 weights, no autocast
+    assert model.to(torch.bfloat16)._unpadded_multiples(cpu) == (32, 16)  # bf16 weights, no autocast
 
 
-@pytest.mark.parametrize("key_multiple", [1, 32])
+def test_filler_rows_round_the_rows_up_and_leave_every_output_as_the_reference_gives_it():
+    mask = (torch.arange(10) < torch.tensor([7, 3, 10])[:, None]).long()
+    unpadded = Unpadded.from_mask(mask, row_multiple=8)
+    assert unpadded.n_real == 20 and len(unpadded.rows) == 24
+    assert unpadded.rows[20:].tolist() == [unpadded.rows[0].item()] * 4  # copies of the first row
+    values = torch.arange(30, dtype=torch.float).view(3, 10, 1)
+    rows = unpadded.unpad(values)
+    assert rows.shape == (24, 1) and torch.equal(unpadded.pad(rows), values * mask[..., None])
+    assert unpadded.with_fillers(rows[:20]).flatten().tolist()[20:] == [0.0] * 4
+
+
+@pytest.mark.parametrize(("key_multiple", "row_multiple"), [(1, 1), (32, 16)])
 @pytest.mark.parametrize("cls", [SineBertModel, SineBertForMaskedLM, SineBertForSequenceClassification])
-def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls, key_multiple, monkeypatch):
+def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls, key_multiple, row_multiple,
+                                                                             monkeypatch):
     """Batches whose lengths differ enough run full attention in several buckets; outputs and gradients equal the
     eager reference's, with left padding, an empty row (the bare encoder), the last layer's rows read, and the
-    buckets' keys rounded up to a multiple of 32 (as for bf16 on a CPU; here in float32, so that it is exact)."""
-    monkeypatch.setattr(SineBertModel, "_bucket_key_multiple", lambda self, device: key_multiple)
+    buckets' keys and the rows rounded up as for bf16 on a CPU (here in float32, so that it is exact)."""
+    monkeypatch.setattr(SineBertModel, "_unpadded_multiples", lambda self, device: (key_multiple, row_multiple))
     eager, sdpa = _model_pair(cls, num_labels=3, sparse_prediction=True, max_position_embeddings=128)
     lengths = torch.tensor([96, 7, 64, 3, 90, 12, 40, 0 if cls is SineBertModel else 5])
     mask = (torch.arange(96) < lengths[:, None]).long()
@@ -356,7 +369,7 @@ def test_real_tokens_alone_are_embedded_as_the_reference_embeds_them_in_the_padd
 
 
 def test_keys_rounded_up_are_masked_even_where_every_sequence_has_the_same_length(monkeypatch):
-    monkeypatch.setattr(SineBertModel, "_bucket_key_multiple", lambda self, device: 32)
+    monkeypatch.setattr(SineBertModel, "_unpadded_multiples", lambda self, device: (32, 16))
     eager, sdpa = _model_pair(SineBertModel)
     mask = (torch.arange(24) < 20).long().repeat(3, 1)  # one bucket of three sequences of 20: 12 keys added
     ids = torch.randint(5, 99, mask.shape, generator=torch.Generator().manual_seed(5))
