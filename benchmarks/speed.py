@@ -6,7 +6,8 @@
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
     python benchmarks/speed.py --inference_only --compiled  # the same with every model torch.compile'd (serving)
-    python benchmarks/speed.py --kernels    # full attention alone: PyTorch's SDPA against sinebert's matmul kernel
+    python benchmarks/speed.py --kernels    # full attention alone: PyTorch's SDPA against sinebert's matmul kernel;
+                                            # and the bf16 softmax and products that unpadding rounds up for
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, those of
 configs/cram/pretrain.yaml, BERT with attn_implementation="sdpa" and its own defaults, BERT again without
@@ -274,6 +275,40 @@ def kernel_times(repeats: int = 5) -> list[str]:
     return lines
 
 
+def best_seconds(function, repeats: int) -> float:
+    """Best of `repeats` timed calls of `function`, after one untimed."""
+    function()
+    times = []
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        function()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def rounding_times(repeats: int = 20) -> list[str]:
+    """What bf16 unpadded batches round up, and why: the softmax over a bucket's keys, with the keys as they are
+    and rounded up to a multiple of 32 (`MATMUL_KEY_MULTIPLE`), and the feed-forward network's first product over
+    28 row counts such as unpadded batches have, as they are and rounded up to a multiple of 16
+    (`CPU_BF16_ROW_MULTIPLE`; GFLOP/s of the real rows)."""
+    lines = ["| bf16 softmax of (11, 4, 40, keys) scores | ms |", "|---|---|"]
+    for keys in (40, 64, 63, 64 + 32, 100, 128):
+        scores = torch.randn(11, 4, 40, keys, device=DEVICE).bfloat16()
+        lines.append(f"| {keys} keys | {1000 * best_seconds(lambda: scores.softmax(-1), repeats):.3f} |")
+    weight, bias = torch.randn(1024, 256, device=DEVICE).bfloat16(), torch.randn(1024, device=DEVICE).bfloat16()
+    counts = [950 + 7 * i for i in range(28)]
+    lines += ["", "| bf16 (rows, 256) x (256, 1024) over rows 950, 957, ..., 1139 | GFLOP/s of the real rows |",
+              "|---|---|"]
+    for multiple in (1, 16):
+        inputs = [torch.randn(-(-n // multiple) * multiple, 256, device=DEVICE).bfloat16() for n in counts]
+        seconds = best_seconds(lambda: [torch.nn.functional.linear(x, weight, bias) for x in inputs], repeats // 4)
+        label = "as they are" if multiple == 1 else f"rounded up to a multiple of {multiple}"
+        lines.append(f"| {label} | {2 * sum(counts) * 256 * 1024 / seconds / 1e9:.0f} |")
+    return lines
+
+
 def training_peak(model_name: str, size: str, precision: str, steps: int) -> float:
     """Peak memory (MiB) of `steps` training steps of one model, run in a fresh process: the process's peak RSS on
     a CPU, the CUDA allocator's peak on a GPU."""
@@ -420,10 +455,11 @@ def main():
     parser.add_argument("--inference_only", action="store_true", help="Measure only inference; print, do not save.")
     parser.add_argument("--compiled", action="store_true",
                         help="With --inference_only: every model torch.compile'd (dynamic shapes, freezing).")
-    parser.add_argument("--kernels", action="store_true", help="Time the full-attention kernels alone; print only.")
+    parser.add_argument("--kernels", action="store_true",
+                        help="Time the full-attention kernels alone, and the bf16 roundings; print only.")
     args = parser.parse_args()
     if args.kernels:
-        return print("\n".join(kernel_times()))
+        return print("\n".join(kernel_times() + [""] + rounding_times()))
     if args.profile:
         return profile_inference(inference_batches(sst2_dev()))
     # bf16 runs in software on CPUs without bf16 instructions (on the AVX2-only AMD machine a bf16 step took 30x an

@@ -695,14 +695,14 @@ class AttentionBucket(NamedTuple):
 BUCKET_COST = 128 * 128
 MAX_BUCKETS = 4
 # PyTorch's bf16 softmax on a CPU is fast along a last dimension that is a multiple of 32 and runs a slow loop over
-# the rest: at 40 keys it took 2.5 times as long as at 64 (AMD EPYC, torch 2.13). Where full attention runs the matmul
-# kernel, each bucket's keys are therefore rounded up to this multiple; the keys added are masked, so the result is
-# the same. Over the SST-2 dev batches that took the attention of a layer from 36.6 to 33.6 ms.
+# the rest: over 40 keys it took 1.9 times as long as over 64, over 63 keys 4.5 times (`python benchmarks/speed.py
+# --kernels`, AMD EPYC, torch 2.13). Where full attention runs the matmul kernel, each bucket's keys are therefore
+# rounded up to this multiple; the keys added are masked, so the result is the same.
 MATMUL_KEY_MULTIPLE = 32
 # bf16 matrix products on a CPU (oneDNN) run slower when their rows are not a multiple of 16 and change from call to
-# call, as the real-token counts of unpadded batches do: over 28 such counts from 950 to 1,139 a (n, 256) x (256, 1024)
-# product made 649 GFLOP/s, and 697 (counting only the real rows) with its rows rounded up to a multiple of 16 (AMD
-# EPYC, torch 2.13; float32 is not affected). Unpadded bf16 batches therefore carry filler rows up to this multiple.
+# call, as the real-token counts of unpadded batches do: over 28 such counts from 950 to 1,139 a (rows, 256) x (256,
+# 1024) product made 635 GFLOP/s, and 687 (counting only the real rows) with its rows rounded up to a multiple of 16
+# (same command and machine; float32 is not affected). Unpadded bf16 batches therefore carry filler rows up to it.
 CPU_BF16_ROW_MULTIPLE = 16
 
 
