@@ -394,19 +394,19 @@ class SineBertAttention(nn.Module):
         unpadded: "Unpadded | None" = None,
         output_rows: "OutputRows | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: `(batch, seq, hidden)`, or the `(n_rows, hidden)` rows of `unpadded`. With
+        """hidden_states: `(batch, seq, hidden)`, or the `(n_real + fillers, hidden)` rows of `unpadded`. With
         `output_rows`, the output is `(n_rows, hidden)`: every token is still a key and a value, but only those rows
         are queries (under full attention) and are projected out."""
         if output_rows is not None and self.layer_type == "full_attention":
             return self._attend_output_rows(hidden_states, attention_mask, unpadded, output_rows), None
-        qkv = self.qkv_proj(hidden_states)  # (batch, seq, 3 * hidden) or (n_rows, 3 * hidden)
+        qkv = self.qkv_proj(hidden_states)  # (batch, seq, 3 * hidden) or (n_real + fillers, 3 * hidden)
         hidden = qkv.shape[-1] // 3
         if unpadded is not None and self.layer_type == "full_attention":
             output = unpadded.with_fillers(self._attend_buckets(qkv, unpadded.buckets, output_attentions))
-            weights = None  # output: (n_rows, hidden)
+            weights = None  # output: (n_real + fillers, hidden)
         elif unpadded is not None:  # sliding windows need the batch's own positions; padding keys are masked
             output, weights = self._attend(unpadded.pad(qkv), attention_mask, output_attentions)
-            output = unpadded.with_fillers(unpadded.layout.unpad(output))  # (n_rows, hidden)
+            output = unpadded.with_fillers(unpadded.layout.unpad(output))  # (n_real + fillers, hidden)
         else:
             output, weights = self._attend(qkv, attention_mask, output_attentions)
         if output_rows is not None:
@@ -437,7 +437,7 @@ class SineBertAttention(nn.Module):
     def _attend_buckets(
         self, qkv: torch.Tensor, buckets: tuple["AttentionBucket", ...], output_attentions: bool = False
     ) -> torch.Tensor:
-        """qkv: `(n_rows, 3 * hidden)` -> `(n_real, hidden)`, full attention within each bucket of sequences."""
+        """qkv: `(n_real + fillers, 3 * hidden)` -> `(n_real, hidden)`, full attention within each bucket."""
         hidden = qkv.shape[-1] // 3
         parts = []
         for bucket in buckets:
@@ -446,7 +446,7 @@ class SineBertAttention(nn.Module):
             grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, self.num_heads, self.head_dim)
             query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, k_seq, head_dim) each
             attended, _ = self._kernel(query[:, :, : bucket.q_seq], key, value, bucket.mask, output_attentions)
-            parts.append(attended[bucket.places].flatten(1))  # (batch, q_seq, heads, head_dim) -> (n_rows, hidden)
+            parts.append(attended[bucket.places].flatten(1))  # (batch, q_seq, heads, head_dim) -> (its rows, hidden)
         return torch.cat(parts) if parts else qkv.new_zeros(0, hidden)
 
     def _attend(
@@ -539,7 +539,7 @@ class SineBertLayer(GradientCheckpointingLayer):
         unpadded: "Unpadded | None" = None,
         output_rows: "OutputRows | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: `(batch, seq, hidden)`, or the `(n_rows, hidden)` rows of `unpadded`. With
+        """hidden_states: `(batch, seq, hidden)`, or the `(n_real + fillers, hidden)` rows of `unpadded`. With
         `output_rows`, the layer returns only those rows, `(n_rows, hidden)`, and computes its residual, norms and
         feed-forward network on them alone (the rows a head reads, in the last layer)."""
         attended, weights = self.attention(
@@ -683,7 +683,7 @@ class AttentionBucket(NamedTuple):
     # (batch, k_seq) the row of `(n_real, ...)` at each place of the grid. Places past a sequence's end repeat a real
     # row of the bucket: they are masked as keys and dropped as queries, so nothing needs zeroing.
     grid: torch.Tensor
-    places: tuple[torch.Tensor, torch.Tensor]  # (n_rows,) twice: grid row and column of each of the bucket's rows
+    places: tuple[torch.Tensor, torch.Tensor]  # (its rows,) twice: grid row and column of each of the bucket's rows
     q_seq: int
     mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
 
@@ -756,7 +756,7 @@ class Unpadded(NamedTuple):
 
     layout: PaddedLayout  # of the real tokens' rows in the batch
     buckets: tuple[AttentionBucket, ...]
-    rows: torch.Tensor  # (n_rows,) the place in the flattened batch each row comes from: layout.slots, then fillers
+    rows: torch.Tensor  # (n_real + fillers,) the place in the flattened batch each row comes from
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1) -> "Unpadded":
@@ -776,22 +776,22 @@ class Unpadded(NamedTuple):
         return len(self.layout.slots)
 
     def unpad(self, values: torch.Tensor) -> torch.Tensor:
-        """`(batch, seq, ...)` -> `(n_rows, ...)`, fillers included."""
+        """`(batch, seq, ...)` -> `(n_real + fillers, ...)`."""
         return values.flatten(0, 1).index_select(0, self.rows)
 
     def pad(self, values: torch.Tensor) -> torch.Tensor:
-        """`(n_rows, ...)` -> `(batch, seq, ...)`, zeros at the padding; the fillers are dropped."""
+        """`(n_real + fillers, ...)` -> `(batch, seq, ...)`, zeros at the padding; the fillers are dropped."""
         return self.layout.pad(values[: self.n_real])
 
     def with_fillers(self, values: torch.Tensor) -> torch.Tensor:
-        """`(n_real, ...)` -> `(n_rows, ...)`, zeros at the fillers."""
+        """`(n_real, ...)` -> `(n_real + fillers, ...)`, zeros at the fillers."""
         fillers = len(self.rows) - self.n_real
         return torch.cat([values, values.new_zeros(fillers, *values.shape[1:])]) if fillers else values
 
     def real_tokens(self, *inputs: torch.Tensor | None) -> list[torch.Tensor | None]:
         """Each of the embeddings' inputs (ids `(batch, seq)` or `inputs_embeds` `(batch, seq, hidden)`, or None) at
-        each row, as one row: `(1, n_rows, ...)`. position_ids (the third), when None, become each token's column, the
-        position it has in the padded batch."""
+        each row, as one row: `(1, n_real + fillers, ...)`. position_ids (the third), when None, become each token's
+        column, the position it has in the padded batch."""
         grid = self.layout.batch, self.layout.seq  # (position_ids may come as one row for every sequence)
         taken = [None if x is None else x.expand(*grid, *x.shape[2:]).flatten(0, 1)[self.rows][None] for x in inputs]
         if taken[2] is None:
@@ -884,7 +884,7 @@ class SineBertModel(SineBertPreTrainedModel):
         else:
             hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
             if unpadded is not None:
-                hidden_states = unpadded.unpad(hidden_states)  # (n_rows, hidden)
+                hidden_states = unpadded.unpad(hidden_states)  # (n_real + fillers, hidden)
         output_rows = None
         if output_mask is not None and not output_hidden_states and self.config._attn_implementation != "eager":
             output_rows = OutputRows.from_mask(output_mask, unpadded)
