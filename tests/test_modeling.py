@@ -305,8 +305,10 @@ def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
     assert model.to(torch.bfloat16)._unpadded_multiples(cpu) == (32, 16)  # bf16 weights, no autocast
 
 
-def test_filler_rows_round_the_rows_up_and_leave_every_output_as_the_reference_gives_it():
+def test_filler_rows_round_the_rows_up_and_leave_every_output_as_the_reference_gives_it(monkeypatch):
     mask = (torch.arange(10) < torch.tensor([7, 3, 10])[:, None]).long()
+    assert len(Unpadded.from_mask(mask, row_multiple=8).rows) == 20  # too few rows to pay for fillers
+    monkeypatch.setattr("sinebert.modeling_sinebert.FILLED_MIN_ROWS", 20)
     unpadded = Unpadded.from_mask(mask, row_multiple=8)
     assert unpadded.n_real == 20 and len(unpadded.rows) == 24
     assert unpadded.rows[20:].tolist() == [unpadded.rows[0].item()] * 4  # copies of the first row
