@@ -739,7 +739,7 @@ def attention_buckets(lengths: list[int], device: torch.device, key_multiple: in
         columns = torch.arange(keys(run), device=device)  # (k_seq,)
         real = columns < counts  # (batch, k_seq)
         grid = torch.where(real, starts + columns, start)
-        mask = None if bool(real.all()) else real[:, None, None, :]
+        mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
         places = real[:, : run[0]].nonzero().unbind(1)
         buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, places, run[0], mask))
         start += sum(run)
