@@ -185,22 +185,30 @@ def inference_batches(sentences: list[str]):
             for i in range(0, len(sentences), 32)]
 
 
-def timed_pass(model, batches: list) -> float:
-    """Seconds of one pass of `model` over `batches`."""
+def seconds_of(function) -> float:
+    """Seconds of one call of `function`, the device synchronised around it."""
     synchronize()
     start = time.perf_counter()
-    for batch in batches:
-        model(**batch)
+    function()
     synchronize()
     return time.perf_counter() - start
+
+
+def best_seconds(function, repeats: int) -> float:
+    """Best of `repeats` timed calls of `function`, after one untimed."""
+    function()
+    return min(seconds_of(function) for _ in range(repeats))
+
+
+def timed_pass(model, batches: list) -> float:
+    """Seconds of one pass of `model` over `batches`."""
+    return seconds_of(lambda: [model(**batch) for batch in batches])
 
 
 def inference_throughput(precision: str, batches: list, repeats: int, compiled: bool = False) -> dict:
     """Tokens/s of each model over `batches` (median of `repeats` passes after one untimed). `compiled`: every model
     through `torch.compile(dynamic=True)` with inductor's freezing (weights folded in as constants, for serving),
     and the seconds of each one's first, compiling pass."""
-    import torch._inductor.config  # only for `compiled`; importing inductor takes a second
-
     ours, theirs = (m.eval() for m in models("small", task="classification"))
     contenders = {"sinebert": ours, "bert": theirs,
                   "bert_eager": models("small", task="classification", bert_attention="eager")[1].eval()}
@@ -208,7 +216,11 @@ def inference_throughput(precision: str, batches: list, repeats: int, compiled: 
     padded = sum(b["attention_mask"].numel() for b in batches)
     result = {"precision": precision, "real_tokens": tokens, "padded_tokens": padded, "compiled": compiled}
     times = {name: [] for name in contenders}
-    freezing = torch._inductor.config.patch(freezing=True) if compiled else nullcontext()
+    freezing = nullcontext()
+    if compiled:
+        from torch._inductor import config as inductor  # only here: importing inductor takes a second
+
+        freezing = inductor.patch(freezing=True)
     with torch.no_grad(), autocast(precision), freezing:
         if compiled:
             contenders = {name: torch.compile(model, dynamic=True) for name, model in contenders.items()}
@@ -273,19 +285,6 @@ def kernel_times(repeats: int = 5) -> list[str]:
                 cells.append(f"{1000 * min(forward[1:]):.1f} + {1000 * min(backward[1:]):.1f}")
             lines.append(f"| {shape} | {str(dtype).removeprefix('torch.')} | {cells[0]} | {cells[1]} |")
     return lines
-
-
-def best_seconds(function, repeats: int) -> float:
-    """Best of `repeats` timed calls of `function`, after one untimed."""
-    function()
-    times = []
-    for _ in range(repeats):
-        synchronize()
-        start = time.perf_counter()
-        function()
-        synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def rounding_times(repeats: int = 20) -> list[str]:
