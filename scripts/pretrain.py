@@ -54,6 +54,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="With --short_seq_length: the share of steps that use the short blocks.")
     group.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens to mask.")
     group.add_argument(
+        "--token_dropping_layers", type=int, nargs=2, metavar=("FIRST", "STOP"),
+        help="Token dropping (SineBertConfig): layers FIRST to STOP - 1 compute only the masked tokens and a share of "
+             "the others while training; negative values count from the end (1 -1: all but the first and last).",
+    )
+    group.add_argument("--token_dropping_keep", type=float,
+                       help="With --token_dropping_layers: the share of each block those layers compute (0.5).")
+    group.add_argument(
         "--init_word_embeddings", metavar="PATH",
         help="Start from scratch with these word embeddings (scripts/train_word_embeddings.py, same tokenizer): "
              "the encoder then leaves the frequency-only plateau of MLM sooner.",
@@ -100,6 +107,17 @@ def load_blocks(args, accelerator, tokenizer):
     return blocks["train"], blocks["validation"]
 
 
+def token_dropping(args) -> dict:
+    """The token-dropping config values the flags set (over a checkpoint's too)."""
+    if args.token_dropping_keep is not None and args.token_dropping_layers is None:
+        raise UserError(
+            f"--token_dropping_keep {args.token_dropping_keep} needs --token_dropping_layers, the layers that keep "
+            "only that share of the tokens."
+        )
+    names = ("token_dropping_layers", "token_dropping_keep")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 def _materialise(iterable):
     from datasets import Dataset
 
@@ -111,7 +129,7 @@ def main(argv=None):
     accelerator = setup_accelerator(args)
     tokenizer = load_tokenizer(args)
     reshape = mixed_lengths(args, tokenizer.pad_token_id)
-    model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
+    model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True, **token_dropping(args))
     if model.config.letter_case:
         raise UserError(
             "Pretraining cannot give the model letter case: it packs token ids without the text that case_ids come "

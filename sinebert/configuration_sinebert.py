@@ -91,6 +91,16 @@ class SineBertConfig(PreTrainedConfig):
             add a learned vector per case (zero at the start) to the word embedding. A lower-cased vocabulary loses
             case, which in English marks most names (Collobert et al., 2011, add it to lower-cased words the same
             way). The model then needs `case_ids` in every call.
+        token_dropping_layers (`list[int]`, *optional*): Token dropping in masked-LM training (Hou et al., 2022,
+            "Token Dropping for Efficient BERT Pretraining"): `[first, stop]`, the encoder layers `first` to `stop - 1`
+            that, while `SineBertForMaskedLM` trains with `labels`, compute only some of the tokens. The others keep
+            the hidden state they had before `first` until the layers after `stop - 1`, which compute every token
+            again. Negative values count from the end as in a Python slice, so `[1, -1]` means every layer but the
+            first and the last at any depth. The last layer must be left out. `None` (the default) drops no tokens.
+            Evaluation, inference and the other heads always compute every token in every layer.
+        token_dropping_keep (`float`, defaults to 0.5): With `token_dropping_layers`, the share of each sequence's
+            tokens those layers compute, in (0, 1]: every token with a label and, drawn at random, as many others as
+            make up the share.
     """
 
     model_type = "sinebert"
@@ -120,6 +130,8 @@ class SineBertConfig(PreTrainedConfig):
     global_attention_positions: list[int] | None = None
     cross_segment_match: bool = False
     letter_case: bool = False
+    token_dropping_layers: list[int] | None = None
+    token_dropping_keep: float = 0.5
 
     def __post_init__(self, **kwargs):
         self._validate()
@@ -166,6 +178,27 @@ class SineBertConfig(PreTrainedConfig):
         if self.hidden_act not in ACT2FN:
             raise ValueError(f"hidden_act={self.hidden_act!r} is unknown; choose one of {sorted(ACT2FN)}.")
         self._validate_local_attention()
+        self._validate_token_dropping()
+
+    def _validate_token_dropping(self):
+        layers, keep = self.token_dropping_layers, self.token_dropping_keep
+        if not isinstance(keep, (int, float)) or isinstance(keep, bool) or not 0.0 < keep <= 1.0:
+            raise ValueError(f"token_dropping_keep must be in (0, 1], got {keep!r}.")
+        if layers is None:
+            return
+        valid = isinstance(layers, (list, tuple)) and len(layers) == 2 and all(_is_int(i) for i in layers)
+        dropping = self.token_dropping_range if valid else range(0)
+        if not dropping or dropping[-1] == self.num_hidden_layers - 1:
+            raise ValueError(
+                f"token_dropping_layers must be [first, stop], a slice of the {self.num_hidden_layers} layers that "
+                f"holds at least one and leaves out the last (which computes every token), got {layers!r}."
+            )
+        local = [i for i in dropping if self.layer_types[i] != "full_attention"]
+        if local:
+            raise ValueError(
+                f"token_dropping_layers={list(layers)} includes sliding-window layers {local}, whose windows count "
+                "positions that dropping tokens would shift; drop tokens in full-attention layers only."
+            )
 
     def _validate_local_attention(self):
         window, every, positions = self.sliding_window, self.global_attn_every_n_layers, self.global_attention_positions
@@ -199,6 +232,14 @@ class SineBertConfig(PreTrainedConfig):
                 raise ValueError(f"global_attention_positions has repeated positions: {positions!r}.")
 
     @property
+    def token_dropping_range(self) -> range:
+        """The layers of `token_dropping_layers` (negative values counted from the end), empty without it."""
+        if self.token_dropping_layers is None:
+            return range(0)
+        first, stop = self.token_dropping_layers
+        return range(self.num_hidden_layers)[first:stop]
+
+    @property
     def layer_types(self) -> list[str]:
         """Per layer, `"full_attention"` or `"sliding_attention"`, from `sliding_window` and
         `global_attn_every_n_layers` (derived, so the two can never disagree)."""
@@ -211,8 +252,12 @@ class SineBertConfig(PreTrainedConfig):
         ]
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return _is_int(value) and value > 0
 
 
 SineBertConfig.register_for_auto_class()

@@ -825,6 +825,55 @@ class OutputRows(NamedTuple):
         return cls(positions if unpadded is None else unpadded.rows_of(positions), PaddedLayout.of(queries))
 
 
+def tokens_to_keep(predicted: torch.Tensor, attention_mask: torch.Tensor | None, keep: float) -> torch.Tensor:
+    """`(batch, seq)` bool, the tokens that token dropping's layers compute: every `predicted` one and, drawn at
+    random, as many others as make up `keep` of each sequence's tokens (rounded up)."""
+    real = torch.ones_like(predicted) if attention_mask is None else attention_mask.bool()
+    predicted = predicted & real
+    # Predicted tokens rank first (score 2), the others in random order (scores in [0, 1)), padding last (-1).
+    scores = torch.rand(predicted.shape, device=predicted.device)
+    scores = torch.where(predicted, 2.0, torch.where(real, scores, -1.0))
+    counts = torch.maximum((real.sum(1) * keep).ceil().long(), predicted.sum(1))  # (batch,)
+    ranks = scores.argsort(1, descending=True).argsort(1)
+    return ranks < counts[:, None]
+
+
+class DroppedTokens(NamedTuple):
+    """How the layers of token dropping (`config.token_dropping_layers`) compute only the `kept` tokens. The fast
+    path gives them only the kept tokens' rows. The eager reference computes every token but masks the others as keys,
+    and gives them back the state they entered with when the last of those layers is done."""
+
+    kept: torch.Tensor  # (batch, seq) bool
+    mask: torch.Tensor  # (batch, 1, 1, seq) the keys of those layers under the eager reference
+    unpadded: Unpadded | None  # of the kept tokens, which those layers get as their rows; None under eager
+    index: torch.Tensor | None  # (n_kept + fillers,) each of those rows in the hidden states entering them
+
+    @classmethod
+    def of(cls, kept: torch.Tensor, outer: Unpadded | None, multiples: tuple[int, int] | None) -> "DroppedTokens":
+        """`outer`: the unpadded batch the other layers compute, if any; `multiples` (those of `Unpadded.from_mask`),
+        None for the eager reference."""
+        mask = kept[:, None, None, :]
+        if multiples is None:
+            return cls(kept, mask, None, None)
+        unpadded = Unpadded.from_mask(kept, *multiples)
+        return cls(kept, mask, unpadded, unpadded.rows if outer is None else outer.rows_of(unpadded.rows))
+
+    def enter(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The hidden states before the first dropping layer -> its input: `(n_kept + fillers, hidden)` rows."""
+        if self.unpadded is None:
+            return hidden_states
+        return hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, self.index)
+
+    def leave(self, entered: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`entered` (the states before the first dropping layer) with the kept tokens' states replaced by
+        `hidden_states`, those after the last dropping layer."""
+        if self.unpadded is None:
+            return torch.where(self.kept[..., None], hidden_states, entered)
+        n_kept, width = self.unpadded.n_real, entered.shape[-1]
+        flat = entered.reshape(-1, width).index_copy(0, self.index[:n_kept], hidden_states[:n_kept])
+        return flat.view_as(entered)
+
+
 class SineBertModel(SineBertPreTrainedModel):
     """The bare encoder: `last_hidden_state` of shape `(batch, seq, hidden)`."""
 
@@ -856,6 +905,7 @@ class SineBertModel(SineBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         case_ids: torch.LongTensor | None = None,
         output_mask: torch.Tensor | None = None,
+        kept_tokens: torch.Tensor | None = None,
     ) -> BaseModelOutput:
         r"""
         output_mask (`torch.BoolTensor` of shape `(batch, seq)`): True where the caller reads the output. Then
@@ -863,6 +913,9 @@ class SineBertModel(SineBertPreTrainedModel):
             under the eager reference or with `output_hidden_states`) the last layer computes its queries, residual,
             norms and feed-forward network only there; keys and values still come from every token. The masked-LM head
             passes the masked positions, the classifier with `classifier_pooling="cls"` the first token.
+        kept_tokens (`torch.BoolTensor` of shape `(batch, seq)`): token dropping: True at the real tokens that the
+            layers of `config.token_dropping_layers` compute (see the config); the others skip those layers. The
+            masked-LM head passes them while it trains.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
@@ -891,15 +944,23 @@ class SineBertModel(SineBertPreTrainedModel):
         output_rows = None
         if output_mask is not None and not output_hidden_states and self.config._attn_implementation != "eager":
             output_rows = OutputRows.from_mask(output_mask, unpadded)
+        dropped, dropping = None, self.config.token_dropping_range
+        if kept_tokens is not None:
+            dropped = self._dropped_tokens(kept_tokens, attention_mask, unpadded, inputs)
         all_hidden_states, all_attentions = [], []
         for index, layer in enumerate(self.layers):
-            all_hidden_states.append(hidden_states)
+            inside = dropped is not None and index in dropping
+            if inside and index == dropping[0]:
+                entered, hidden_states = hidden_states, dropped.enter(hidden_states)
+            all_hidden_states.append(dropped.leave(entered, hidden_states) if inside else hidden_states)
             last = index == len(self.layers) - 1
             hidden_states, weights = layer(
-                hidden_states, masks[layer.attention.layer_type], output_attentions, unpadded,
-                output_rows if last else None,
+                hidden_states, dropped.mask if inside else masks[layer.attention.layer_type], output_attentions,
+                dropped.unpadded if inside else unpadded, output_rows if last else None,
             )
             all_attentions.append(weights)
+            if inside and index == dropping[-1]:
+                hidden_states = dropped.leave(entered, hidden_states)
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
         all_hidden_states.append(hidden_states)
@@ -924,6 +985,22 @@ class SineBertModel(SineBertPreTrainedModel):
         if device != "cpu" or dtype != torch.bfloat16:
             return 1, 1
         return MATMUL_KEY_MULTIPLE if self.config._attn_implementation == "sdpa" else 1, CPU_BF16_ROW_MULTIPLE
+
+    def _dropped_tokens(
+        self, kept: torch.Tensor, attention_mask: torch.Tensor | None, unpadded: Unpadded | None, inputs: torch.Tensor
+    ) -> DroppedTokens:
+        if self.config.token_dropping_layers is None:
+            raise ValueError("kept_tokens needs config.token_dropping_layers, the layers that compute only them.")
+        if kept.shape != inputs.shape[:2]:
+            raise ValueError(
+                f"kept_tokens must have the shape of the input, (batch, seq) = {tuple(inputs.shape[:2])}, got "
+                f"{tuple(kept.shape)}."
+            )
+        kept = kept.bool()
+        if attention_mask is not None and bool((kept & ~attention_mask.bool()).any()):
+            raise ValueError("kept_tokens includes padding (attention_mask 0); keep real tokens only.")
+        multiples = None if self.config._attn_implementation == "eager" else self._unpadded_multiples(inputs.device)
+        return DroppedTokens.of(kept, unpadded, multiples)
 
     @staticmethod
     def _check_output_mask(output_mask: torch.Tensor, attention_mask: torch.Tensor | None, shape: torch.Size):
@@ -1002,10 +1079,13 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
             have shape `(num_predicted, vocab_size)`, in row-major order of the labelled positions.
         """
         predicted = labels != -100 if labels is not None and self.config.sparse_prediction else None
+        kept = None
+        if self.training and labels is not None and self.config.token_dropping_layers is not None:
+            kept = tokens_to_keep(labels != -100, attention_mask, self.config.token_dropping_keep)
         outputs = self.sinebert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, case_ids=case_ids,
-            output_mask=predicted,
+            output_mask=predicted, kept_tokens=kept,
         )
         hidden_states = outputs.last_hidden_state  # (batch, seq, hidden), or (num_predicted, hidden)
         if predicted is not None:

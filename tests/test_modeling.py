@@ -24,6 +24,7 @@ from sinebert.modeling_sinebert import (
     matmul_attention_forward,
     sdpa_backend,
     sinusoidal_encoding,
+    tokens_to_keep,
 )
 from tests.conftest import tiny_config
 
@@ -352,6 +353,110 @@ def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_tokens_to_keep_keeps_every_predicted_token_and_a_random_share_of_the_others():
+    lengths = torch.tensor([20, 9, 1, 0])
+    real = torch.arange(20) < lengths[:, None]
+    predicted = real & (torch.arange(20) % 3 == 0)
+    predicted[1, :8] = True  # more predicted tokens than the share: all are kept anyway
+    draws = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        kept = tokens_to_keep(predicted, real.long(), 0.5)
+        assert not (kept & ~real).any() and (kept | ~predicted).all()
+        assert kept.sum(1).tolist() == [10, 8, 1, 0]  # half of 20 (7 predicted), the 8 predicted, half of 1, none
+        draws.append(kept)
+    assert not torch.equal(*draws)  # the others are drawn at random
+    torch.manual_seed(0)
+    assert torch.equal(tokens_to_keep(predicted, None, 1.0), torch.ones_like(real))
+
+
+def _dropping_inputs(padded: bool) -> dict:
+    lengths = torch.tensor([30, 11, 30, 4] if padded else [30] * 4)
+    mask = (torch.arange(30) < lengths[:, None]).long()
+    ids = torch.randint(5, 99, mask.shape, generator=torch.Generator().manual_seed(3))
+    chosen = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(4)) < 0.2) & mask.bool()
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.where(chosen, ids, -100)}
+
+
+@pytest.mark.parametrize(("key_multiple", "row_multiple"), [(1, 1), (32, 16)])
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("norm_placement", ["post", "pre"])
+def test_token_dropping_matches_the_reference_and_its_gradients(norm_placement, padded, key_multiple, row_multiple,
+                                                                monkeypatch):
+    """While the masked-LM head trains, layers 1 and 2 of 4 compute only the kept tokens, on the fast path as in
+    the eager reference (the same draw of tokens), with and without padding and with rows and keys rounded up."""
+    monkeypatch.setattr(SineBertModel, "_unpadded_multiples", lambda self, device: (key_multiple, row_multiple))
+    monkeypatch.setattr("sinebert.modeling_sinebert.FILLED_MIN_ROWS", 1)
+    overrides = dict(num_hidden_layers=4, sparse_prediction=True, norm_placement=norm_placement,
+                     token_dropping_layers=[1, 3], token_dropping_keep=0.4)
+    eager, sdpa = (model.train() for model in _model_pair(SineBertForMaskedLM, **overrides))
+    inputs = _dropping_inputs(padded)
+    rows = []
+    sdpa.sinebert.layers[2].mlp.register_forward_hook(lambda module, args, output: rows.append(len(args[0])))
+    outputs = []
+    for model in (eager, sdpa):
+        torch.manual_seed(5)  # the same tokens kept
+        output = model(**inputs)
+        output.loss.backward()
+        outputs.append(output.logits)
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), sdpa.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    torch.manual_seed(5)
+    kept = tokens_to_keep(inputs["labels"] != -100, inputs["attention_mask"], 0.4)
+    assert rows == [int(kept.sum()) + -int(kept.sum()) % row_multiple]  # the kept tokens' rows and their fillers
+    eager.config.token_dropping_layers = None
+    assert (eager(**inputs).logits - outputs[0]).abs().max() > 1e-5  # without dropping they differ
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_dropped_tokens_skip_the_dropping_layers_and_every_token_runs_the_others(implementation):
+    config = tiny_config(num_hidden_layers=4, token_dropping_layers=[1, -1])  # layers 1 and 2, as [1, 3]
+    config._attn_implementation = implementation
+    torch.manual_seed(0)
+    model = SineBertModel(config).eval()
+    inputs = _dropping_inputs(padded=True)
+    kept = inputs["attention_mask"].bool() & (torch.arange(30) % 2 == 0)
+    del inputs["labels"]
+    states = model(**inputs, kept_tokens=kept, output_hidden_states=True).hidden_states
+    real, dropped = inputs["attention_mask"].bool(), inputs["attention_mask"].bool() & ~kept
+    torch.testing.assert_close(states[3][dropped], states[1][dropped])  # unchanged through layers 1 and 2
+    assert not torch.allclose(states[3][kept], states[1][kept])
+    assert not torch.allclose(states[4][real], states[3][real], atol=1e-3)  # the last layer computes them all
+    plain = model(**inputs, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(states[1], plain[1])  # before the dropping layers nothing changes
+
+
+def test_token_dropping_applies_only_to_masked_lm_training_with_labels():
+    torch.manual_seed(0)
+    config = tiny_config(num_hidden_layers=4, sparse_prediction=True)
+    plain = SineBertForMaskedLM(config)
+    dropping = SineBertForMaskedLM(tiny_config(num_hidden_layers=4, sparse_prediction=True,
+                                               token_dropping_layers=[1, 3], token_dropping_keep=0.3))
+    dropping.load_state_dict(plain.state_dict())
+    inputs = _dropping_inputs(padded=True)
+    for model in (plain, dropping):
+        model.eval()
+    torch.testing.assert_close(dropping(**inputs).loss, plain(**inputs).loss)
+    plain.train(), dropping.train()
+    torch.testing.assert_close(dropping(**{k: v for k, v in inputs.items() if k != "labels"}).logits,
+                               plain(**{k: v for k, v in inputs.items() if k != "labels"}).logits)
+    assert (dropping(**inputs).logits - plain(**inputs).logits).abs().max() > 1e-5
+
+
+def test_kept_tokens_need_the_dropping_layers_and_real_tokens():
+    inputs = _dropping_inputs(padded=True)
+    del inputs["labels"]
+    model = SineBertModel(tiny_config(num_hidden_layers=4))
+    with pytest.raises(ValueError, match="token_dropping_layers"):
+        model(**inputs, kept_tokens=inputs["attention_mask"].bool())
+    model = SineBertModel(tiny_config(num_hidden_layers=4, token_dropping_layers=[1, 3]))
+    with pytest.raises(ValueError, match="padding"):
+        model(**inputs, kept_tokens=torch.ones_like(inputs["input_ids"], dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\(4, 30\), got \(4, 29\)"):
+        model(**inputs, kept_tokens=inputs["attention_mask"][:, 1:].bool())
+
+
 @pytest.mark.parametrize("inputs_given", ["position_ids", "one_row_of_position_ids", "inputs_embeds", "case_ids"])
 def test_real_tokens_alone_are_embedded_as_the_reference_embeds_them_in_the_padded_batch(inputs_given):
     eager, sdpa = _model_pair(SineBertModel, letter_case=inputs_given == "case_ids")
@@ -573,6 +678,11 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
         (dict(vocab_size=-5), "-5"),
         (dict(intermediate_size=0), "intermediate_size"),
         (dict(pad_token_id=500), "500"),
+        (dict(token_dropping_layers=[0, 2]), "of the 2 layers"),
+        (dict(token_dropping_layers=[1, -1]), r"\[1, -1\]"),  # empty with 2 layers
+        (dict(token_dropping_layers=[1]), "token_dropping_layers"),
+        (dict(token_dropping_layers=[0, 1], token_dropping_keep=0.0), "token_dropping_keep"),
+        (dict(token_dropping_layers=[0, 1], sliding_window=4), r"sliding-window layers \[0\]"),
     ],
 )
 def test_invalid_configurations_raise(overrides, shown):

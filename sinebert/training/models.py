@@ -142,5 +142,7 @@ def load_pretrained(auto_class, args, tokenizer, **config_values):
         )
     except OSError as error:
         raise UserError(f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {error}")
+    except ValueError as error:  # a flag's value the checkpoint's config rejects
+        raise UserError(f"Invalid model configuration over {args.model_name_or_path}: {error}") from error
     check_tokenizer(model.config, tokenizer)
     return model
