@@ -109,11 +109,6 @@ def load_blocks(args, accelerator, tokenizer):
 
 def token_dropping(args) -> dict:
     """The token-dropping config values the flags set (over a checkpoint's too)."""
-    if args.token_dropping_keep is not None and args.token_dropping_layers is None:
-        raise UserError(
-            f"--token_dropping_keep {args.token_dropping_keep} needs --token_dropping_layers, the layers that keep "
-            "only that share of the tokens."
-        )
     names = ("token_dropping_layers", "token_dropping_keep")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
@@ -130,6 +125,11 @@ def main(argv=None):
     tokenizer = load_tokenizer(args)
     reshape = mixed_lengths(args, tokenizer.pad_token_id)
     model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True, **token_dropping(args))
+    if args.token_dropping_keep is not None and model.config.token_dropping_layers is None:
+        raise UserError(
+            f"--token_dropping_keep {args.token_dropping_keep} needs --token_dropping_layers (or a checkpoint that "
+            "has them), the layers that compute only that share of the tokens."
+        )
     if model.config.letter_case:
         raise UserError(
             "Pretraining cannot give the model letter case: it packs token ids without the text that case_ids come "

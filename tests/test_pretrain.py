@@ -73,8 +73,10 @@ def test_two_processes_match_one_process_with_twice_the_batch(sst2_corpus, token
 
 
 def test_resume_continues_exactly(sst2_corpus, tokenizer_dir, tmp_path, capsys):
+    # With token dropping, whose draw of the tokens to keep must resume exactly too.
     common = [*data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
-              "--eval_steps", 12, "--checkpointing_steps", 8, "--checkpoints_total_limit", 3]
+              "--eval_steps", 12, "--checkpointing_steps", 8, "--checkpoints_total_limit", 3,
+              "--token_dropping_layers", 0, -1]
     launch(*common, "--output_dir", tmp_path / "full")
     assert [p.name for p in sorted((tmp_path / "full" / "checkpoints").iterdir())] == [
         "step_00000008", "step_00000016", "step_00000024"]
@@ -189,6 +191,26 @@ def test_time_budget_sets_the_length_and_the_schedule(sst2_corpus, tokenizer_dir
     # Warmup over the first 20% of the time, then a linear decay towards zero at the end of the budget.
     assert 0 < peak < len(rates) - 1 and rates[-1] < 0.5 * max(rates)
     assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))
+
+
+def test_token_dropping_flags_set_the_config_and_bad_values_are_one_sentence(sst2_corpus, tokenizer_dir, tmp_path,
+                                                                          capsys):
+    common = [*data(sst2_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,
+              "--max_train_steps", 2, "--max_eval_samples", 8]
+    out = tmp_path / "dropping"
+    load_script("pretrain").main([str(a) for a in [
+        *common, "--token_dropping_layers", 0, -1, "--token_dropping_keep", 0.3, "--output_dir", out]])
+    config = json.loads((out / "config.json").read_text())
+    assert config["token_dropping_layers"] == [0, -1] and config["token_dropping_keep"] == 0.3
+    message = user_error(capsys, load_script("pretrain"), [*common, "--token_dropping_keep", 0.3, "--output_dir",
+                                                           tmp_path / "bad"])
+    assert "--token_dropping_keep 0.3 needs --token_dropping_layers" in message
+    message = user_error(capsys, load_script("pretrain"), [
+        *common, "--token_dropping_layers", 1, 2, "--output_dir", tmp_path / "bad"])
+    assert "token_dropping_layers must be [first, stop]" in message and "[1, 2]" in message
+    message = user_error(capsys, load_script("pretrain"), [
+        *common[:-2], "--model_name_or_path", out, "--token_dropping_keep", 2, "--output_dir", tmp_path / "bad"])
+    assert "Invalid model configuration over" in message and "token_dropping_keep must be in (0, 1], got 2.0" in message
 
 
 def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(sst2_corpus, tokenizer_dir, tmp_path):

@@ -140,6 +140,8 @@ def load_pretrained(auto_class, args, tokenizer, **config_values):
             use_safetensors=None if args.allow_pickle_weights else True, **checkpoint_overrides(args), **config_values,
             **attn,
         )
+        if isinstance(model.config, SineBertConfig):
+            model.config._validate()  # from_pretrained sets the flags' values after the config's own checks
     except OSError as error:
         raise UserError(f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {error}")
     except ValueError as error:  # a flag's value the checkpoint's config rejects
