@@ -10,15 +10,16 @@
                                             # and the bf16 softmax and products that unpadding rounds up for
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, those of
-configs/cram/pretrain.yaml, BERT with attn_implementation="sdpa" and its own defaults, BERT again without
+configs/cram/pretrain.yaml, and again with token dropping (TOKEN_DROPPING, a pretraining flag), BERT with
+attn_implementation="sdpa" and its own defaults, BERT again without
 dropout, as sinebert pretrains, and BERT with attn_implementation="eager", which is faster than its sdpa in bf16 on
 some CPUs; steps interleaved, so machine noise hits all alike):
 - pretraining step throughput (tokens/s) at two sizes, fp32 and bf16 autocast, batch 32 x 128, 15% masking;
   and the model FLOP/s of each as a share of this machine's matmul peak for that dtype (measured here);
 - inference throughput on the SST-2 dev sentences in batches of 32 padded to the longest, as users run BERT;
 - peak memory (RSS) of each in a fresh process;
-- masked-token accuracy of both after the same steps on the same real batches (--curves).
-Writes benchmarks/results/speed.{json,md} and speed_*.png.
+- masked-token accuracy after the same steps on the same real batches, at both sizes (--curve_steps).
+Writes benchmarks/results/speed.{json,md} and speed.png.
 """
 
 import argparse
@@ -49,6 +50,9 @@ VOCAB, BATCH, SEQ, MASKING = 16000, 32, 128, 0.15
 RECIPE = ROOT / "configs" / "cram" / "pretrain.yaml"
 RECIPE_SETTINGS = ("norm_placement", "scale_embeddings", "hidden_dropout_prob", "attention_probs_dropout_prob",
                    "attention_init")
+# sinebert also runs with token dropping, as `scripts/pretrain.py --token_dropping_layers 1 -1` trains: every layer
+# but the first and the last computes the masked tokens and half of the others.
+TOKEN_DROPPING = {"token_dropping_layers": [1, -1], "token_dropping_keep": 0.5}
 # The same benchmark on a GPU machine: models, batches and autocast go to CUDA, timings synchronise it, and memory is
 # the CUDA allocator's peak instead of the process's RSS.
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -98,14 +102,24 @@ def pretraining_settings() -> dict:
     return {key: recipe[key] for key in RECIPE_SETTINGS} | {"sparse_prediction": True}
 
 
-def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert_attention: str = "sdpa"):
-    """(sinebert, BERT) of identical dimensions. For MLM sinebert takes its pretraining settings and BERT its own
-    defaults (dropout 0.1), or `bert_dropout`; for classification both take their defaults (inference only). BERT's
-    attention runs `bert_attention`."""
-    dims = dict(SIZES[size], vocab_size=VOCAB, max_position_embeddings=512, type_vocab_size=2)
+def dims_of(size: str) -> dict:
+    return dict(SIZES[size], vocab_size=VOCAB, max_position_embeddings=512, type_vocab_size=2)
+
+
+def sinebert_config(size: str, token_dropping: bool = False) -> SineBertConfig:
+    """sinebert's masked-LM config at `size`: its pretraining settings, with TOKEN_DROPPING if asked."""
+    return SineBertConfig(**dims_of(size), **pretraining_settings(), **(TOKEN_DROPPING if token_dropping else {}))
+
+
+def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert_attention: str = "sdpa",
+           token_dropping: bool = False):
+    """(sinebert, BERT) of identical dimensions. For MLM sinebert takes its pretraining settings (and token
+    dropping if asked) and BERT its own defaults (dropout 0.1), or `bert_dropout`; for classification both take their
+    defaults (inference only). BERT's attention runs `bert_attention`."""
+    dims = dims_of(size)
     torch.manual_seed(0)
     if task == "mlm":
-        ours = SineBertForMaskedLM(SineBertConfig(**dims, **pretraining_settings()))
+        ours = SineBertForMaskedLM(sinebert_config(size, token_dropping))
         dropout = {} if bert_dropout is None else {"hidden_dropout_prob": bert_dropout,
                                                    "attention_probs_dropout_prob": bert_dropout}
         theirs = BertForMaskedLM(BertConfig(**dims, **dropout, attn_implementation=bert_attention))
@@ -121,18 +135,26 @@ def masked_batch(generator: torch.Generator) -> dict:
     return {"input_ids": torch.where(chosen, 4, ids).to(DEVICE), "labels": torch.where(chosen, ids, -100).to(DEVICE)}
 
 
-def training_flops_per_token(size: str, sparse: bool) -> float:
+def training_flops_per_token(size: str, model: str) -> float:
     """Matmul FLOPs of one training step per token: 6 x parameters used per token (forward 2, backward 4), plus
-    attention scores and mixing. BERT runs every token through every layer and the decoder; sinebert (`sparse`)
-    runs only the masked ones through the decoder and, in the last layer, through the query projection, attention,
-    output projection and feed-forward network (keys and values still come from every token)."""
+    attention scores and mixing. BERT runs every token through every layer and the decoder. sinebert runs only the
+    masked ones through the decoder and, in the last layer, through the query projection, attention, output
+    projection and feed-forward network (keys and values still come from every token); with token dropping
+    ("sinebert_dropping") its dropping layers compute a share of the tokens, attending among those alone."""
     d, layers, ffn = SIZES[size]["hidden_size"], SIZES[size]["num_hidden_layers"], SIZES[size]["intermediate_size"]
+    layer = 4 * d * d + 2 * d * ffn
+    attention = 2 * 2 * SEQ * d  # QK^T and AV per query per layer, over every key
+    if model == "bert":
+        return 6 * (layers * layer + d * d + d * VOCAB) + 3 * layers * attention
+    dropping, keep = range(0), 1.0
+    if model == "sinebert_dropping":
+        config = sinebert_config(size, token_dropping=True)
+        dropping, keep = config.token_dropping_range, config.token_dropping_keep
     read_only = 2 * d * d + 2 * d * ffn  # the last layer's parameters that see only the rows the head reads
-    attention = 2 * 2 * SEQ * d  # QK^T and AV per query per layer
-    head = d * d + d * VOCAB
-    share = MASKING if sparse else 1.0
-    parameters = layers * (2 * d * d + read_only) - (1 - share) * read_only + share * head
-    return 6 * parameters + 3 * (layers - 1 + share) * attention
+    full = layers - 1 - len(dropping)
+    parameters = full * layer + len(dropping) * keep * layer + layer - (1 - MASKING) * read_only
+    parameters += MASKING * (d * d + d * VOCAB)
+    return 6 * parameters + 3 * (full + len(dropping) * keep * keep + MASKING) * attention
 
 
 def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> dict:
@@ -140,7 +162,8 @@ def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> 
     dropout and BERT with eager attention. All use the fused AdamW step that sinebert's Trainer uses: the optimizer is
     not what is compared."""
     ours, theirs = models(size)
-    contenders = {"sinebert": ours, "bert": theirs, "bert_no_dropout": models(size, bert_dropout=0.0)[1],
+    contenders = {"sinebert": ours, "sinebert_dropping": models(size, token_dropping=True)[0], "bert": theirs,
+                  "bert_no_dropout": models(size, bert_dropout=0.0)[1],
                   "bert_eager": models(size, bert_attention="eager")[1]}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for name, m in contenders.items()}
     generator = torch.Generator().manual_seed(0)
@@ -163,9 +186,10 @@ def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> 
     for name in times:
         seconds = statistics.median(times[name])
         result[f"{name}_tokens_per_second"] = BATCH * SEQ / seconds
-        flops = training_flops_per_token(size, sparse=name == "sinebert") * BATCH * SEQ / seconds
+        flops = training_flops_per_token(size, "bert" if name.startswith("bert") else name) * BATCH * SEQ / seconds
         result[f"{name}_gflops"] = flops / 1e9
     result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
+    result["speedup_dropping"] = result["sinebert_dropping_tokens_per_second"] / result["bert_tokens_per_second"]
     result["speedup_no_dropout"] = result["sinebert_tokens_per_second"] / result["bert_no_dropout_tokens_per_second"]
     result["speedup_eager"] = result["sinebert_tokens_per_second"] / result["bert_eager_tokens_per_second"]
     return result
@@ -334,8 +358,12 @@ def peak_memory(model_name: str, size: str, precision: str, steps: int = 3) -> f
     return float(result.stdout.strip().splitlines()[-1])
 
 
-def accuracy_curves(steps: int) -> dict:
-    """Masked-token accuracy of both models (small size) every 25 steps, trained on the same real batches."""
+CURVE_MODELS = ("bert", "sinebert", "sinebert_dropping")
+
+
+def accuracy_curves(steps: int, precision: str) -> dict:
+    """Masked-token accuracy of each of CURVE_MODELS every 25 steps at each size, trained on the same real batches
+    under `precision`."""
     from sinebert.training.mlm import MaskingCollator, pack_texts
     from sinebert.training.tokenizer import train_wordpiece
 
@@ -351,32 +379,41 @@ def accuracy_curves(steps: int) -> dict:
 
     held_out = batch_of(blocks[:128], 0)
     train = blocks[128:]
-    ours, theirs = models("small")
-    curves = {"step": [], "sinebert": [], "bert": []}
-    optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=5e-4, fused=True) for m in (ours, theirs)}
-    for step in range(steps + 1):
-        if step % 25 == 0:
-            curves["step"].append(step)
-            for name, model in (("sinebert", ours), ("bert", theirs)):
-                curves[name].append(masked_accuracy(model, held_out))
-        if step == steps:
-            break
-        start = (step * BATCH) % (len(train) - BATCH)
-        batch = batch_of(train[start : start + BATCH], start)
-        for model in (ours, theirs):
-            model.train()
-            model(**batch).loss.backward()
-            optimizers[id(model)].step()
-            optimizers[id(model)].zero_grad(set_to_none=True)
+    curves = {"precision": precision}
+    for size in SIZES:
+        print(f"  {size} ...", flush=True)
+        ours, theirs = models(size)
+        contenders = dict(zip(CURVE_MODELS, (theirs, ours, models(size, token_dropping=True)[0])))
+        optimizers = {name: torch.optim.AdamW(m.parameters(), lr=5e-4, fused=True) for name, m in contenders.items()}
+        curve = curves[size] = {"step": []} | {name: [] for name in contenders}
+        for step in range(steps + 1):
+            if step % 25 == 0:
+                curve["step"].append(step)
+                for name, model in contenders.items():
+                    curve[name].append(masked_accuracy(model, held_out, precision))
+            if step == steps:
+                break
+            start = (step * BATCH) % (len(train) - BATCH)
+            batch = batch_of(train[start : start + BATCH], start)
+            for name, model in contenders.items():
+                model.train()
+                with autocast(precision):
+                    loss = model(**batch).loss
+                loss.backward()
+                optimizers[name].step()
+                optimizers[name].zero_grad(set_to_none=True)
     return curves
 
 
-def masked_accuracy(model, batch) -> float:
+def masked_accuracy(model, batch, precision: str) -> float:
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), autocast(precision):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     chosen = batch["labels"] != -100
     return float((logits[chosen].argmax(-1) == batch["labels"][chosen]).float().mean())
+
+
+LABELS = {"bert": "HF BERT (sdpa)", "sinebert": "sinebert", "sinebert_dropping": "sinebert, token dropping"}
 
 
 def plot(report: dict):
@@ -385,25 +422,36 @@ def plot(report: dict):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    curves = {size: curve for size, curve in report.get("curves", {}).items() if size in SIZES}
+    figure, axes = plt.subplots(1, 1 + len(curves), figsize=(5.5 * (1 + len(curves)), 4), squeeze=False)
+    axes = axes[0]
     rows = report["training"]
-    labels = [f"{r['size']}\n{r['precision']}" for r in rows]
     x = range(len(rows))
-    axes[0].bar([i - 0.2 for i in x], [r["bert_tokens_per_second"] for r in rows], 0.4, label="HF BERT (sdpa)")
-    axes[0].bar([i + 0.2 for i in x], [r["sinebert_tokens_per_second"] for r in rows], 0.4, label="sinebert")
-    axes[0].set_xticks(list(x), labels)
+    for offset, name in zip((-0.27, 0, 0.27), CURVE_MODELS):
+        axes[0].bar([i + offset for i in x], [r[f"{name}_tokens_per_second"] for r in rows], 0.27, label=LABELS[name])
+    axes[0].set_xticks(list(x), [f"{r['size']}\n{r['precision']}" for r in rows])
     axes[0].set_ylabel("training tokens/s")
     axes[0].set_title("pretraining step, batch 32 x 128")
     axes[0].legend()
-    curves = report.get("curves")
-    if curves:
-        axes[1].plot(curves["step"], curves["bert"], "o-", label="HF BERT")
-        axes[1].plot(curves["step"], curves["sinebert"], "s-", label="sinebert")
-        axes[1].set_xlabel("step (same batches)")
-        axes[1].set_ylabel("held-out masked-token accuracy")
-        axes[1].legend()
+    for axis, (size, curve) in zip(axes[1:], curves.items()):
+        for name, style in zip(CURVE_MODELS, ("o-", "s-", "^-")):
+            axis.plot(curve["step"], [100 * a for a in curve[name]], style, label=LABELS[name])
+        axis.set_title(f"{size}, {report['curves']['precision']}")
+        axis.set_xlabel("step (same batches)")
+        axis.set_ylabel("held-out masked-token accuracy (%)")
+        axis.legend()
     figure.tight_layout()
     figure.savefig(RESULTS / "speed.png", dpi=110)
+
+
+def curves_table(curves: dict) -> list[str]:
+    lines = [f"| held-out masked-token accuracy, % ({curves['precision']}) | step | "
+             + " | ".join(LABELS[name] for name in CURVE_MODELS) + " |", "|---|---|---|---|---|"]
+    for size in (size for size in SIZES if size in curves):
+        for i, step in enumerate(curves[size]["step"]):
+            cells = " | ".join(f"{100 * curves[size][name][i]:.1f}" for name in CURVE_MODELS)
+            lines.append(f"| {size if i == 0 else ''} | {step} | {cells} |")
+    return lines
 
 
 def inference_table(rows: list[dict]) -> list[str]:
@@ -420,16 +468,22 @@ def markdown(report: dict) -> str:
     lines = [f"sinebert vs Hugging Face BERT, {report['date']}, {report['machine']}; matmul peak "
              f"{report['peak_gflops']['fp32']:.0f} GFLOP/s fp32, {report['peak_gflops']['bf16']:.0f} bf16 (autocast)"
              + (f", measured {report['peak_date']}." if report.get("peak_date") else "."), "",
-             "| pretraining step | BERT tokens/s | sinebert tokens/s | speed-up | sinebert share of peak | "
+             "| pretraining step | BERT tokens/s | sinebert tokens/s | speed-up | share of peak | "
+             "with token dropping tokens/s | speed-up | share of peak | "
              "BERT without dropout tokens/s | speed-up over it | BERT eager tokens/s | speed-up over it |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["training"]:
-        share = r["sinebert_gflops"] / report["peak_gflops"][r["precision"]]
+        peak = report["peak_gflops"][r["precision"]]
         lines.append(f"| {r['size']} {r['precision']} | {r['bert_tokens_per_second']:,.0f} | "
-                     f"{r['sinebert_tokens_per_second']:,.0f} | {r['speedup']:.2f}x | {share:.0%} | "
+                     f"{r['sinebert_tokens_per_second']:,.0f} | {r['speedup']:.2f}x | "
+                     f"{r['sinebert_gflops'] / peak:.0%} | "
+                     f"{r['sinebert_dropping_tokens_per_second']:,.0f} | {r['speedup_dropping']:.2f}x | "
+                     f"{r['sinebert_dropping_gflops'] / peak:.0%} | "
                      f"{r['bert_no_dropout_tokens_per_second']:,.0f} | {r['speedup_no_dropout']:.2f}x | "
                      f"{r['bert_eager_tokens_per_second']:,.0f} | {r['speedup_eager']:.2f}x |")
     lines += [""] + inference_table(report["inference"])
+    if report.get("curves"):
+        lines += [""] + curves_table(report["curves"])
     if report.get("memory"):
         measured = f" (measured {report['memory_date']})" if report.get("memory_date") else ""
         lines += ["", f"| peak RSS of training steps{measured} | BERT MiB | sinebert MiB |", "|---|---|---|"]
@@ -489,7 +543,7 @@ def main():
     if not args.quick:
         report["memory"] = memory_rows(cells, native)
         print(f"masked-token accuracy curves ({args.curve_steps} steps) ...", flush=True)
-        report["curves"] = accuracy_curves(args.curve_steps)
+        report["curves"] = accuracy_curves(args.curve_steps, "bf16" if native else "fp32")
     print(markdown(report))
     if not args.quick:
         save(report)
