@@ -96,8 +96,9 @@ class SineBertConfig(PreTrainedConfig):
             that, while `SineBertForMaskedLM` trains with `labels`, compute only some of the tokens. The others keep
             the hidden state they had before `first` until the layers after `stop - 1`, which compute every token
             again. Negative values count from the end as in a Python slice, so `[1, -1]` means every layer but the
-            first and the last at any depth. The last layer must be left out. `None` (the default) drops no tokens.
-            Evaluation, inference and the other heads always compute every token in every layer.
+            first and the last at any depth. The last layer must be left out, and the layers that drop tokens must
+            have full attention (a window counts positions, which dropping shifts). `None` (the default) drops no
+            tokens. Evaluation, inference and the other heads always compute every token in every layer.
         token_dropping_keep (`float`, defaults to 0.5): With `token_dropping_layers`, the share of each sequence's
             tokens those layers compute, in (0, 1]: every token with a label and, drawn at random, as many others as
             make up the share.
@@ -192,12 +193,6 @@ class SineBertConfig(PreTrainedConfig):
             raise ValueError(
                 f"token_dropping_layers must be [first, stop], a slice of the {self.num_hidden_layers} layers that "
                 f"holds at least one and leaves out the last (which computes every token), got {layers!r}."
-            )
-        local = [i for i in dropping if self.layer_types[i] != "full_attention"]
-        if local:
-            raise ValueError(
-                f"token_dropping_layers={list(layers)} includes sliding-window layers {local}, whose windows count "
-                "positions that dropping tokens would shift; drop tokens in full-attention layers only."
             )
 
     def _validate_local_attention(self):

@@ -991,6 +991,14 @@ class SineBertModel(SineBertPreTrainedModel):
     ) -> DroppedTokens:
         if self.config.token_dropping_layers is None:
             raise ValueError("kept_tokens needs config.token_dropping_layers, the layers that compute only them.")
+        # Checked here, not in the config: a checkpoint pretrained with token dropping may be read with windows.
+        local = [i for i in self.config.token_dropping_range if self.config.layer_types[i] != "full_attention"]
+        if local:
+            raise ValueError(
+                f"token_dropping_layers={list(self.config.token_dropping_layers)} includes sliding-window layers "
+                f"{local}, whose windows count positions that dropping tokens would shift; drop tokens in "
+                "full-attention layers only (or set token_dropping_layers=None)."
+            )
         if kept.shape != inputs.shape[:2]:
             raise ValueError(
                 f"kept_tokens must have the shape of the input, (batch, seq) = {tuple(inputs.shape[:2])}, got "

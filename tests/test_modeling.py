@@ -455,6 +455,11 @@ def test_kept_tokens_need_the_dropping_layers_and_real_tokens():
         model(**inputs, kept_tokens=torch.ones_like(inputs["input_ids"], dtype=torch.bool))
     with pytest.raises(ValueError, match=r"\(4, 30\), got \(4, 29\)"):
         model(**inputs, kept_tokens=inputs["attention_mask"][:, 1:].bool())
+    # A checkpoint pretrained with token dropping loads with windows, but does not drop tokens in them.
+    model = SineBertModel(tiny_config(num_hidden_layers=4, token_dropping_layers=[1, 3], sliding_window=4))
+    model(**inputs)
+    with pytest.raises(ValueError, match=r"sliding-window layers \[1, 2\]"):
+        model(**inputs, kept_tokens=inputs["attention_mask"].bool())
 
 
 @pytest.mark.parametrize("inputs_given", ["position_ids", "one_row_of_position_ids", "inputs_embeds", "case_ids"])
@@ -682,7 +687,6 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
         (dict(token_dropping_layers=[1, -1]), r"\[1, -1\]"),  # empty with 2 layers
         (dict(token_dropping_layers=[1]), "token_dropping_layers"),
         (dict(token_dropping_layers=[0, 1], token_dropping_keep=0.0), "token_dropping_keep"),
-        (dict(token_dropping_layers=[0, 1], sliding_window=4), r"sliding-window layers \[0\]"),
     ],
 )
 def test_invalid_configurations_raise(overrides, shown):
