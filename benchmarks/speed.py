@@ -1,6 +1,6 @@
 """sinebert against Hugging Face BERT of identical dimensions, side by side in one process, on the same batches.
 
-    python benchmarks/speed.py              # everything (about 15 minutes on 2 CPU cores)
+    python benchmarks/speed.py              # everything (about 26 minutes on 2 CPU cores)
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
     python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory or peak)
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
