@@ -10,10 +10,10 @@
                                             # and the bf16 softmax and products that unpadding rounds up for
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, those of
-configs/cram/pretrain.yaml, and again with token dropping (TOKEN_DROPPING, a pretraining flag), BERT with
-attn_implementation="sdpa" and its own defaults, BERT again without
-dropout, as sinebert pretrains, and BERT with attn_implementation="eager", which is faster than its sdpa in bf16 on
-some CPUs; steps interleaved, so machine noise hits all alike):
+configs/cram/pretrain.yaml, and again with token dropping (TOKEN_DROPPING, a pretraining flag); BERT with
+attn_implementation="sdpa" and its own defaults, BERT again without dropout, as sinebert pretrains, and BERT with
+attn_implementation="eager", which is faster than its sdpa in bf16 on some CPUs; steps interleaved, so machine noise
+hits all alike):
 - pretraining step throughput (tokens/s) at two sizes, fp32 and bf16 autocast, batch 32 x 128, 15% masking;
   and the model FLOP/s of each as a share of this machine's matmul peak for that dtype (measured here);
 - inference throughput on the SST-2 dev sentences in batches of 32 padded to the longest, as users run BERT;
@@ -143,17 +143,17 @@ def training_flops_per_token(size: str, model: str) -> float:
     ("sinebert_dropping") its dropping layers compute a share of the tokens, attending among those alone."""
     d, layers, ffn = SIZES[size]["hidden_size"], SIZES[size]["num_hidden_layers"], SIZES[size]["intermediate_size"]
     layer = 4 * d * d + 2 * d * ffn
+    head = d * d + d * VOCAB
     attention = 2 * 2 * SEQ * d  # QK^T and AV per query per layer, over every key
     if model == "bert":
-        return 6 * (layers * layer + d * d + d * VOCAB) + 3 * layers * attention
+        return 6 * (layers * layer + head) + 3 * layers * attention
     dropping, keep = range(0), 1.0
     if model == "sinebert_dropping":
         config = sinebert_config(size, token_dropping=True)
         dropping, keep = config.token_dropping_range, config.token_dropping_keep
     read_only = 2 * d * d + 2 * d * ffn  # the last layer's parameters that see only the rows the head reads
     full = layers - 1 - len(dropping)
-    parameters = full * layer + len(dropping) * keep * layer + layer - (1 - MASKING) * read_only
-    parameters += MASKING * (d * d + d * VOCAB)
+    parameters = full * layer + len(dropping) * keep * layer + layer - (1 - MASKING) * read_only + MASKING * head
     return 6 * parameters + 3 * (full + len(dropping) * keep * keep + MASKING) * attention
 
 
@@ -358,11 +358,11 @@ def peak_memory(model_name: str, size: str, precision: str, steps: int = 3) -> f
     return float(result.stdout.strip().splitlines()[-1])
 
 
-CURVE_MODELS = ("bert", "sinebert", "sinebert_dropping")
+PRETRAINING_MODELS = ("bert", "sinebert", "sinebert_dropping")
 
 
 def accuracy_curves(steps: int, precision: str) -> dict:
-    """Masked-token accuracy of each of CURVE_MODELS every 25 steps at each size, trained on the same real batches
+    """Masked-token accuracy of each of PRETRAINING_MODELS every 25 steps at each size, trained on the same real batches
     under `precision`."""
     from sinebert.training.mlm import MaskingCollator, pack_texts
     from sinebert.training.tokenizer import train_wordpiece
@@ -383,7 +383,7 @@ def accuracy_curves(steps: int, precision: str) -> dict:
     for size in SIZES:
         print(f"  {size} ...", flush=True)
         ours, theirs = models(size)
-        contenders = dict(zip(CURVE_MODELS, (theirs, ours, models(size, token_dropping=True)[0])))
+        contenders = dict(zip(PRETRAINING_MODELS, (theirs, ours, models(size, token_dropping=True)[0])))
         optimizers = {name: torch.optim.AdamW(m.parameters(), lr=5e-4, fused=True) for name, m in contenders.items()}
         curve = curves[size] = {"step": []} | {name: [] for name in contenders}
         for step in range(steps + 1):
@@ -427,14 +427,14 @@ def plot(report: dict):
     axes = axes[0]
     rows = report["training"]
     x = range(len(rows))
-    for offset, name in zip((-0.27, 0, 0.27), CURVE_MODELS):
+    for offset, name in zip((-0.27, 0, 0.27), PRETRAINING_MODELS):
         axes[0].bar([i + offset for i in x], [r[f"{name}_tokens_per_second"] for r in rows], 0.27, label=LABELS[name])
     axes[0].set_xticks(list(x), [f"{r['size']}\n{r['precision']}" for r in rows])
     axes[0].set_ylabel("training tokens/s")
     axes[0].set_title("pretraining step, batch 32 x 128")
     axes[0].legend()
     for axis, (size, curve) in zip(axes[1:], curves.items()):
-        for name, style in zip(CURVE_MODELS, ("o-", "s-", "^-")):
+        for name, style in zip(PRETRAINING_MODELS, ("o-", "s-", "^-")):
             axis.plot(curve["step"], [100 * a for a in curve[name]], style, label=LABELS[name])
         axis.set_title(f"{size}, {report['curves']['precision']}")
         axis.set_xlabel("step (same batches)")
@@ -446,10 +446,10 @@ def plot(report: dict):
 
 def curves_table(curves: dict) -> list[str]:
     lines = [f"| held-out masked-token accuracy, % ({curves['precision']}) | step | "
-             + " | ".join(LABELS[name] for name in CURVE_MODELS) + " |", "|---|---|---|---|---|"]
+             + " | ".join(LABELS[name] for name in PRETRAINING_MODELS) + " |", "|---|---|---|---|---|"]
     for size in (size for size in SIZES if size in curves):
         for i, step in enumerate(curves[size]["step"]):
-            cells = " | ".join(f"{100 * curves[size][name][i]:.1f}" for name in CURVE_MODELS)
+            cells = " | ".join(f"{100 * curves[size][name][i]:.1f}" for name in PRETRAINING_MODELS)
             lines.append(f"| {size if i == 0 else ''} | {step} | {cells} |")
     return lines
 
