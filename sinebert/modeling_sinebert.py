@@ -844,7 +844,6 @@ class DroppedTokens(NamedTuple):
     and gives them back the state they entered with when the last of those layers is done."""
 
     kept: torch.Tensor  # (batch, seq) bool
-    mask: torch.Tensor  # (batch, 1, 1, seq) the keys of those layers under the eager reference
     unpadded: Unpadded | None  # of the kept tokens, which those layers get as their rows; None under eager
     index: torch.Tensor | None  # (n_kept + fillers,) each of those rows in the hidden states entering them
 
@@ -852,11 +851,15 @@ class DroppedTokens(NamedTuple):
     def of(cls, kept: torch.Tensor, outer: Unpadded | None, multiples: tuple[int, int] | None) -> "DroppedTokens":
         """`outer`: the unpadded batch the other layers compute, if any; `multiples` (those of `Unpadded.from_mask`),
         None for the eager reference."""
-        mask = kept[:, None, None, :]
         if multiples is None:
-            return cls(kept, mask, None, None)
+            return cls(kept, None, None)
         unpadded = Unpadded.from_mask(kept, *multiples)
-        return cls(kept, mask, unpadded, unpadded.rows if outer is None else outer.rows_of(unpadded.rows))
+        return cls(kept, unpadded, unpadded.rows if outer is None else outer.rows_of(unpadded.rows))
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """`(batch, 1, 1, seq)`: the keys of those layers under the eager reference."""
+        return self.kept[:, None, None, :]
 
     def enter(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The hidden states before the first dropping layer -> its input: `(n_kept + fillers, hidden)` rows."""
@@ -924,7 +927,9 @@ class SineBertModel(SineBertPreTrainedModel):
             output_hidden_states = self.config.output_hidden_states
         inputs = input_ids if input_ids is not None else inputs_embeds
         if output_mask is not None:
-            self._check_output_mask(output_mask, attention_mask, inputs.shape[:2])
+            self._check_token_mask("output_mask", output_mask, attention_mask, inputs.shape[:2],
+                                   "The positions to read (output_mask, or masked-LM labels other than -100) include "
+                                   "padding (attention_mask 0); read real tokens only.")
         masks = self._layer_masks(attention_mask, inputs.shape[1], inputs.device)
         # Padded batches drop their padding before the layers, except under the eager reference, which computes
         # every position as written. The outputs at padding are then zeros instead of values nobody should read.
@@ -999,29 +1004,23 @@ class SineBertModel(SineBertPreTrainedModel):
                 f"{local}, whose windows count positions that dropping tokens would shift; drop tokens in "
                 "full-attention layers only (or set token_dropping_layers=None)."
             )
-        if kept.shape != inputs.shape[:2]:
-            raise ValueError(
-                f"kept_tokens must have the shape of the input, (batch, seq) = {tuple(inputs.shape[:2])}, got "
-                f"{tuple(kept.shape)}."
-            )
-        kept = kept.bool()
-        if attention_mask is not None and bool((kept & ~attention_mask.bool()).any()):
-            raise ValueError("kept_tokens includes padding (attention_mask 0); keep real tokens only.")
+        self._check_token_mask("kept_tokens", kept, attention_mask, inputs.shape[:2],
+                               "kept_tokens includes padding (attention_mask 0); keep real tokens only.")
         multiples = None if self.config._attn_implementation == "eager" else self._unpadded_multiples(inputs.device)
-        return DroppedTokens.of(kept, unpadded, multiples)
+        return DroppedTokens.of(kept.bool(), unpadded, multiples)
 
     @staticmethod
-    def _check_output_mask(output_mask: torch.Tensor, attention_mask: torch.Tensor | None, shape: torch.Size):
-        if output_mask.shape != shape:
+    def _check_token_mask(
+        name: str, mask: torch.Tensor, attention_mask: torch.Tensor | None, shape: torch.Size, on_padding: str
+    ):
+        """`mask`, the `(batch, seq)` input `name`, has the input's `shape` and is True at real tokens only (else
+        ValueError(`on_padding`))."""
+        if mask.shape != shape:
             raise ValueError(
-                f"output_mask must have the shape of the input, (batch, seq) = {tuple(shape)}, got "
-                f"{tuple(output_mask.shape)}."
+                f"{name} must have the shape of the input, (batch, seq) = {tuple(shape)}, got {tuple(mask.shape)}."
             )
-        if attention_mask is not None and bool((output_mask.bool() & ~attention_mask.bool()).any()):
-            raise ValueError(
-                "The positions to read (output_mask, or masked-LM labels other than -100) include padding "
-                "(attention_mask 0); read real tokens only."
-            )
+        if attention_mask is not None and bool((mask.bool() & ~attention_mask.bool()).any()):
+            raise ValueError(on_padding)
 
 
     def _layer_masks(self, attention_mask: torch.Tensor | None, seq: int, device: torch.device) -> dict:

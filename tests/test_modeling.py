@@ -439,8 +439,8 @@ def test_token_dropping_applies_only_to_masked_lm_training_with_labels():
         model.eval()
     torch.testing.assert_close(dropping(**inputs).loss, plain(**inputs).loss)
     plain.train(), dropping.train()
-    torch.testing.assert_close(dropping(**{k: v for k, v in inputs.items() if k != "labels"}).logits,
-                               plain(**{k: v for k, v in inputs.items() if k != "labels"}).logits)
+    unlabelled = {k: v for k, v in inputs.items() if k != "labels"}
+    torch.testing.assert_close(dropping(**unlabelled).logits, plain(**unlabelled).logits)
     assert (dropping(**inputs).logits - plain(**inputs).logits).abs().max() > 1e-5
 
 
