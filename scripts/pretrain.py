@@ -107,12 +107,6 @@ def load_blocks(args, accelerator, tokenizer):
     return blocks["train"], blocks["validation"]
 
 
-def token_dropping(args) -> dict:
-    """The token-dropping config values the flags set (over a checkpoint's too)."""
-    names = ("token_dropping_layers", "token_dropping_keep")
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-
-
 def _materialise(iterable):
     from datasets import Dataset
 
@@ -124,7 +118,7 @@ def main(argv=None):
     accelerator = setup_accelerator(args)
     tokenizer = load_tokenizer(args)
     reshape = mixed_lengths(args, tokenizer.pad_token_id)
-    model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True, **token_dropping(args))
+    model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
     if args.token_dropping_keep is not None and model.config.token_dropping_layers is None:
         raise UserError(
             f"--token_dropping_keep {args.token_dropping_keep} needs --token_dropping_layers (or a checkpoint that "

@@ -19,6 +19,8 @@ DROPOUT_FLAGS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 LAYOUT_FLAGS = ("sliding_window", "global_attn_every_n_layers", "global_attention_positions")
 # Input features that fine-tuning can add to a pretrained checkpoint (their weights start at zero).
 FEATURE_FLAGS = ("cross_segment_match", "letter_case")
+# Token dropping, a pretraining choice like dropout (flags of scripts/pretrain.py only).
+TOKEN_DROPPING_FLAGS = ("token_dropping_layers", "token_dropping_keep")
 
 
 def add_size_arguments(parser):
@@ -55,9 +57,10 @@ def add_size_arguments(parser):
 
 
 def checkpoint_overrides(args) -> dict:
-    """The config values the dropout, feature and layout flags set; `--sliding_window 0` means full attention
-    everywhere."""
-    values = {k: getattr(args, k) for k in DROPOUT_FLAGS + FEATURE_FLAGS if getattr(args, k, None) is not None}
+    """The config values the dropout, feature, token-dropping and layout flags set; `--sliding_window 0` means full
+    attention everywhere."""
+    flags = DROPOUT_FLAGS + FEATURE_FLAGS + TOKEN_DROPPING_FLAGS
+    values = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
     if getattr(args, "sliding_window", None) == 0:
         return values | dict.fromkeys(LAYOUT_FLAGS)
     return values | {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k, None) is not None}
