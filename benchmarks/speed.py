@@ -283,7 +283,7 @@ def kernel_times(repeats: int = 5) -> list[str]:
     """Forward and backward milliseconds (best of `repeats`) of full attention without a mask, (batch, heads, seq,
     head_dim) as in KERNEL_SHAPES, through PyTorch's scaled_dot_product_attention and through sinebert's
     `matmul_attention_forward`, in fp32 and bf16: the measurement behind `sdpa_backend`'s choice."""
-    from sinebert.modeling_sinebert import matmul_attention_forward
+    from sinebert.attention_sinebert import matmul_attention_forward
 
     module = torch.nn.Module()
     kernels = {"sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v),

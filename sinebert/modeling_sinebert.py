@@ -1,14 +1,15 @@
 """SineBERT: a BERT-style encoder with fixed sinusoidal positions and its own multi-head attention.
 
-This file and `configuration_sinebert.py` are what a saved checkpoint carries for `trust_remote_code=True`, so they
+This file reads as BERT: embeddings, attention, feed-forward network, layers, the encoder, the heads, and the eager
+reference kernel. Two sibling files hold the fast machinery: `attention_sinebert.py` the kernels, registered by name,
+and `layout_sinebert.py` the padding-free layout of a batch. With `configuration_sinebert.py` they are what a saved
+checkpoint carries for `trust_remote_code=True` (transformers copies a model file's relative imports), so they
 import only torch, transformers and each other.
 """
 
 import math
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,10 +25,11 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import can_return_tuple
 
+from .attention_sinebert import SINEBERT_ATTENTION_FUNCTIONS, full_attention_kernel, local_attention_kernel
 from .configuration_sinebert import SineBertConfig
+from .layout_sinebert import LayerRows, TokenLayout, tokens_to_keep
 
 
 def sinusoidal_encoding(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -164,212 +166,9 @@ def eager_attention_forward(
     return output, weights
 
 
-def matmul_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """softmax(Q K^T * scaling) V by two batched matmuls in the inputs' dtype, without returning the weights.
-
-    The eager kernel's result with fewer copies: the queries are scaled instead of the scores, the mask is written
-    into the scores in place, and the softmax keeps the scores' dtype (it accumulates in float32 for bf16 inputs, as
-    eager's float32 softmax does, and rounds once). Shapes as in `eager_attention_forward`; returns `(batch, q_seq,
-    heads, head_dim)` and no weights.
-    """
-    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (batch, heads, q_seq, k_seq)
-    if attention_mask is not None:
-        scores.masked_fill_(~attention_mask, torch.finfo(scores.dtype).min)
-    weights = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
-    output = torch.matmul(weights, value)  # (batch, heads, q_seq, head_dim)
-    if attention_mask is not None:
-        output.masked_fill_(~attention_mask.any(dim=-1, keepdim=True), 0.0)  # fully masked rows: zeros, as eager
-    return output.transpose(1, 2), None
-
-
-# PyTorch's fused SDPA kernel for the CPU is slow in bf16: at 128 tokens (batch 32, 8 heads of 64) its forward and
-# backward took 8.3 + 36.0 ms where two batched matmuls and a softmax took 3.5 + 7.2 ms, and at 2,048 tokens still
-# 49 + 74 against 34 + 52 ms (`python benchmarks/speed.py --kernels`, AMD EPYC with AVX512-BF16, torch 2.13). In
-# float32 SDPA is as fast at 128 tokens and faster beyond, so it stays.
-# The matmul kernel writes out the (q_seq, k_seq) scores, which SDPA never does, so it runs only while they are at
-# most this many entries per call (64 MiB in bf16): long inputs keep SDPA's memory-linear kernel.
-MATMUL_ATTENTION_MAX_SCORES = 2**25
-
-
-def sdpa_backend(query: torch.Tensor, key: torch.Tensor) -> str:
-    """Which kernel the "sdpa" implementation runs for these inputs: "matmul" for bf16 on a CPU while the scores fit
-    in MATMUL_ATTENTION_MAX_SCORES, else "sdpa" (PyTorch's scaled_dot_product_attention)."""
-    batch, heads, q_seq, _ = query.shape
-    scores = batch * heads * q_seq * key.shape[2]
-    if query.device.type == "cpu" and query.dtype == torch.bfloat16 and scores <= MATMUL_ATTENTION_MAX_SCORES:
-        return "matmul"
-    return "sdpa"
-
-
-def sdpa_attention_forward(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """Full attention under `attn_implementation="sdpa"`: PyTorch's scaled_dot_product_attention through transformers'
-    wrapper, or the same product by `matmul_attention_forward` where that is faster (`sdpa_backend`)."""
-    if sdpa_backend(query, key) == "matmul":
-        return matmul_attention_forward(module, query, key, value, attention_mask, scaling, dropout)
-    return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
-
-
-# Sliding-window layers split the sequence into blocks of at least this many queries: smaller blocks (tiny windows)
-# would make each block's matmul too small to run efficiently, and larger blocks than the window stay exact because
-# the band mask still removes the keys out of reach.
-MIN_LOCAL_BLOCK = 64
-
-
-def _global_index(global_positions, seq: int, device: torch.device) -> torch.Tensor:
-    """`(n_global,)` long tensor of the global positions that exist in a sequence of length `seq`."""
-    return torch.tensor([p for p in global_positions or () if p < seq], dtype=torch.long, device=device)
-
-
-def local_attention_mask(
-    seq: int, sliding_window: int, global_positions, padding_mask: torch.Tensor | None, device: torch.device
-) -> torch.Tensor:
-    """The mask of a sliding-window layer, written out: boolean `(batch or 1, 1, seq, seq)`, True where query i may
-    attend key j: |i - j| <= sliding_window, or i or j is a global position, and key j is not padding.
-
-    With `eager_attention_forward` this is the exact O(seq^2) reference that `local_attention_forward` must equal.
-    """
-    positions = torch.arange(seq, device=device)
-    allowed = (positions[:, None] - positions[None, :]).abs() <= sliding_window  # (seq, seq)
-    is_global = torch.zeros(seq, dtype=torch.bool, device=device)
-    is_global[_global_index(global_positions, seq, device)] = True
-    allowed = (allowed | is_global[:, None] | is_global[None, :])[None, None]  # (1, 1, seq, seq)
-    return allowed if padding_mask is None else allowed & padding_mask
-
-
-def _neighbour_blocks(tensor: torch.Tensor, dim: int, block: int, tail: int, extra: torch.Tensor) -> torch.Tensor:
-    """For each block of `block` positions along `dim` (the sequence, of length blocks * block - tail): the block
-    before it, the block itself and the block after it (zeros past the ends), then `extra` (the global tokens).
-
-    `tensor` `(..., seq, ...)`, `extra` `(..., n_extra, ...)` -> `(..., blocks, 3 * block + n_extra, ...)`, gathered
-    by one copy in the input's own memory order.
-    """
-    padded = F.pad(tensor, (0, 0) * (tensor.dim() - 1 - dim) + (block, tail + block))
-    shape = padded.shape
-    blocks = shape[dim] // block - 2
-    split = padded.view(*shape[:dim], blocks + 2, block, *shape[dim + 1 :])  # (..., blocks + 2, block, ...)
-    # The previous, own and next block of each block: 3 x (..., blocks, block, ...)
-    pieces = [split.narrow(dim, offset, blocks) for offset in range(3)]
-    pieces.append(extra.unsqueeze(dim).expand(*shape[:dim], blocks, *extra.shape[dim:]))
-    return torch.cat(pieces, dim=dim + 1)
-
-
-def local_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    sliding_window: int | None = None,
-    global_positions=(),
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """Sliding-window attention in O(seq * sliding_window) memory: the fast kernel of the local layers.
-
-    It equals `eager_attention_forward` under `local_attention_mask`, without forming a (seq, seq) matrix. The queries
-    are cut into blocks of `block >= sliding_window` tokens; each block scores the keys of its own and its two
-    neighbouring blocks (all keys within reach of the band) plus the global keys, and the band and padding masks
-    remove the rest. Global queries attend to every key through the eager kernel, `(n_global, seq)` scores per head.
-
-    query/key/value: `(batch, heads, seq, head_dim)`; attention_mask: the boolean padding mask `(batch, 1, 1, seq)`
-    (True = may attend) or None. Returns `(batch, seq, heads, head_dim)` and no weights: for weights, run the model
-    with `attn_implementation="eager"`.
-    """
-    if sliding_window is None:
-        raise ValueError("local_attention_forward needs sliding_window, the number of tokens seen on each side.")
-    batch, heads, seq, head_dim = query.shape
-    block = max(1, min(max(sliding_window, MIN_LOCAL_BLOCK), seq))  # no block longer than the sequence
-    blocks = -(-seq // block)
-    tail = blocks * block - seq  # padding that fills the last block
-    glob = _global_index(global_positions, seq, query.device)  # (n_global,)
-    keys = _neighbour_blocks(key, 2, block, tail, key[:, :, glob])  # (batch, heads, blocks, k, head_dim)
-    values = _neighbour_blocks(value, 2, block, tail, value[:, :, glob])  # k = 3 * block + n_global
-    # (batch or 1, 1, blocks, block, k): True where a query may not attend a key
-    blocked = ~_local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)
-    # Scaling the queries costs seq * head_dim multiplications; scaling the scores would cost seq * k.
-    queries = F.pad(query * scaling, (0, 0, 0, tail)).view(batch, heads, blocks, block, head_dim)
-    scores = torch.matmul(queries, keys.transpose(-1, -2))  # (batch, heads, blocks, block, k)
-    # In place: the largest tensor here is written once more, not copied. Keys out of reach get finfo.min, so their
-    # softmax weights underflow to exactly zero wherever a row has any key in reach.
-    scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
-    # float32 at least (as in the eager kernel), float64 stays float64 so that its finfo.min stays finite.
-    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
-    del scores  # free it before the output is made
-    weights = F.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, values)  # (batch, heads, blocks, block, head_dim)
-    # Rows with no key in reach got uniform weights over masked keys; like the eager kernel they must give zeros.
-    output.masked_fill_(blocked.all(dim=-1, keepdim=True), 0.0)
-    output = output.view(batch, heads, blocks * block, head_dim)
-    if glob.numel():
-        global_output, _ = eager_attention_forward(
-            module, query[:, :, glob], key, value, attention_mask, scaling=scaling, dropout=dropout
-        )  # (batch, n_global, heads, head_dim)
-        output.index_copy_(2, glob, global_output.transpose(1, 2))
-    return output[:, :, :seq].transpose(1, 2).contiguous(), None  # (batch, seq, heads, head_dim)
-
-
-def _local_block_mask(
-    padding_mask: torch.Tensor | None, glob: torch.Tensor, seq: int, block: int, tail: int, sliding_window: int
-) -> torch.Tensor:
-    """Boolean `(batch or 1, 1, blocks, block, 3 * block + n_global)`: which of a block's keys each query may attend.
-
-    A global key is masked where it falls in a query's neighbouring blocks and scored in its own column instead, so
-    that it counts once.
-    """
-    device = glob.device
-    key_ok = torch.ones(1, seq, dtype=torch.bool, device=device) if padding_mask is None else padding_mask[:, 0, 0]
-    # (batch or 1, blocks, 3 * block + n_global)
-    key_ok = _neighbour_blocks(key_ok.index_fill(1, glob, False), 1, block, tail, key_ok[:, glob])
-    # Key column c of a block starting at query b0 holds position b0 - block + c; query row r is position b0 + r.
-    offsets = torch.arange(3 * block, device=device)[None, :] - block - torch.arange(block, device=device)[:, None]
-    in_band = torch.cat(
-        [offsets.abs() <= sliding_window, torch.ones(block, glob.numel(), dtype=torch.bool, device=device)], dim=-1
-    )  # (block, 3 * block + n_global)
-    return in_band & key_ok[:, None, :, None, :]
-
-
-# Sliding-window layers under each attn_implementation of the model. "eager" stays the exact reference: eager attention
-# with the band written out as a (seq, seq) mask, which returns the weights. "sdpa" (the fast choice) runs the blocked
-# kernel. Any other implementation has no local kernel and raises instead of quietly attending to everything.
-LOCAL_ATTENTION_KERNELS = {"eager": "eager", "sdpa": "local_blocked"}
-
-
-def attention_kernel(attn_implementation: str | None, layer_type: str) -> str:
-    """The name of the kernel a layer of `layer_type` ("full_attention" or "sliding_attention") runs."""
-    implementation = attn_implementation or "eager"
-    if layer_type == "full_attention":
-        return implementation
-    if implementation not in LOCAL_ATTENTION_KERNELS:
-        raise ValueError(
-            f"attn_implementation={implementation!r} has no sliding-window kernel; load the model with "
-            f"attn_implementation='sdpa' (blocked local kernel) or 'eager' (the reference), or set sliding_window=None."
-        )
-    return LOCAL_ATTENTION_KERNELS[implementation]
-
-
-def _kernel_function(name: str) -> Callable:
-    if name == "local_blocked":
-        return local_attention_forward
-    if name == "sdpa":
-        return sdpa_attention_forward
-    return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
-
-
 class SineBertAttention(nn.Module):
-    """Multi-head self-attention with one fused QKV projection; the kernel is looked up by name."""
+    """Multi-head self-attention with one fused QKV projection; the kernel is looked up by name
+    (`attention_sinebert.py` registers the fast ones)."""
 
     def __init__(self, config: SineBertConfig, layer_idx: int):
         super().__init__()
@@ -391,75 +190,26 @@ class SineBertAttention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
-        unpadded: "Unpadded | None" = None,
-        output_rows: "OutputRows | None" = None,
+        rows: "LayerRows | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: `(batch, seq, hidden)`, or the `(n_real + fillers, hidden)` rows of `unpadded`. With
-        `output_rows`, the output is `(n_rows, hidden)`: every token is still a key and a value, but only those rows
-        are queries (under full attention) and are projected out."""
-        if output_rows is not None and self.layer_type == "full_attention":
-            return self._attend_output_rows(hidden_states, attention_mask, unpadded, output_rows), None
-        qkv = self.qkv_proj(hidden_states)  # (batch, seq, 3 * hidden) or (n_real + fillers, 3 * hidden)
-        hidden = qkv.shape[-1] // 3
-        if unpadded is not None and self.layer_type == "full_attention":
-            output = unpadded.with_fillers(self._attend_buckets(qkv, unpadded.buckets, output_attentions))
-            weights = None  # output: (n_real + fillers, hidden)
-        elif unpadded is not None:  # sliding windows need the batch's own positions; padding keys are masked
-            output, weights = self._attend(unpadded.pad(qkv), attention_mask, output_attentions)
-            output = unpadded.with_fillers(unpadded.layout.unpad(output))  # (n_real + fillers, hidden)
-        else:
-            output, weights = self._attend(qkv, attention_mask, output_attentions)
-        if output_rows is not None:
-            output = output.reshape(-1, hidden).index_select(0, output_rows.index)  # (n_rows, hidden)
+        """hidden_states: `(batch, seq, hidden)`, or on a padding-free batch the `(n_rows, hidden)` rows that `rows`
+        describes (see `layout_sinebert.py`), where only the rows it keeps come out."""
+        if rows is not None:
+            return self.out_proj(rows.attend(self, hidden_states, attention_mask, output_attentions)), None
+        output, weights = self.attend_padded(self.qkv_proj(hidden_states), attention_mask, output_attentions)
         return self.out_proj(output), weights
 
-    def _attend_output_rows(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        unpadded: "Unpadded | None",
-        output_rows: "OutputRows",
-    ) -> torch.Tensor:
-        """Full attention with only the rows read as queries -> `(n_rows, hidden)` after the output projection."""
-        hidden = self.out_proj.in_features
-        weight, bias = self.qkv_proj.weight, self.qkv_proj.bias  # (3 * hidden, hidden): query, key, value
-        rows = hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, output_rows.index)
-        query = output_rows.layout.pad(F.linear(rows, weight[:hidden], bias[:hidden]))  # (batch, queries, hidden)
-        key_value = F.linear(hidden_states, weight[hidden:], bias[hidden:])  # (..., 2 * hidden) for every token
-        if unpadded is not None:
-            key_value = unpadded.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked
-        batch, seq = key_value.shape[:2]
-        query = query.view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, queries, dim)
-        key, value = key_value.view(batch, seq, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        output, _ = self._kernel(query, key, value, attention_mask)  # (batch, queries, heads, head_dim)
-        return self.out_proj(output_rows.layout.unpad(output).flatten(1))
-
-    def _attend_buckets(
-        self, qkv: torch.Tensor, buckets: tuple["AttentionBucket", ...], output_attentions: bool = False
-    ) -> torch.Tensor:
-        """qkv: `(n_real + fillers, 3 * hidden)` -> `(n_real, hidden)`, full attention within each bucket."""
-        hidden = qkv.shape[-1] // 3
-        parts = []
-        for bucket in buckets:
-            batch, k_seq = bucket.grid.shape
-            # One gather fills the grid: no zeroing, as places past a sequence's end hold a real row (see the bucket).
-            grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, self.num_heads, self.head_dim)
-            query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, k_seq, head_dim) each
-            attended, _ = self._kernel(query[:, :, : bucket.q_seq], key, value, bucket.mask, output_attentions)
-            parts.append(attended[bucket.places].flatten(1))  # (batch, q_seq, heads, head_dim) -> (its rows, hidden)
-        return torch.cat(parts) if parts else qkv.new_zeros(0, hidden)
-
-    def _attend(
+    def attend_padded(
         self, qkv: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """qkv: `(batch, seq, 3 * hidden)` -> the heads' outputs `(batch, seq, hidden)`, and the weights under eager."""
         batch, seq = qkv.shape[:2]
         # (batch, seq, 3 * hidden) -> (3, batch, heads, seq, head_dim)
         query, key, value = qkv.view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        output, weights = self._kernel(query, key, value, attention_mask, output_attentions)
-        return output.flatten(2), weights  # (batch, seq, hidden)
+        output, weights = self.attend(query, key, value, attention_mask, output_attentions)
+        return output.flatten(2), weights
 
-    def _kernel(
+    def attend(
         self,
         query: torch.Tensor,
         key: torch.Tensor,
@@ -468,33 +218,33 @@ class SineBertAttention(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """query `(batch, heads, q_seq, head_dim)`, key and value `(batch, heads, seq, head_dim)` -> `(batch, q_seq,
-        heads, head_dim)` through the kernel of this layer's attn_implementation, and the weights under eager."""
+        heads, head_dim)` through this layer's kernel, and the weights under eager."""
         batch, q_seq = query.shape[0], query.shape[2]
         if q_seq == 0 or key.shape[2] == 0:  # nothing to compute, and SDPA rejects empty sequences
             return query.new_zeros(batch, q_seq, self.num_heads, self.head_dim), None
-        kernel = attention_kernel(self.config._attn_implementation, self.layer_type)
+        kernel = self.kernel_name(query.device, query.dtype, query.shape[:3].numel() * key.shape[2])
         if output_attentions and kernel != "eager":
             raise ValueError(
                 f"output_attentions=True needs the eager attention kernel, but this layer runs {kernel!r}; "
                 "load the model with attn_implementation='eager' (or call model.set_attn_implementation('eager'))."
             )
-        output, weights = _kernel_function(kernel)(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            scaling=self.scaling,
+        attention_function = SINEBERT_ATTENTION_FUNCTIONS.get_interface(kernel, eager_attention_forward)
+        return attention_function(
+            self, query, key, value, attention_mask, scaling=self.scaling,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
-            sliding_window=self.sliding_window,
-            global_positions=self.global_positions,
+            sliding_window=self.sliding_window, global_positions=self.global_positions,
         )
-        return output, weights
 
-    def kernel_description(self) -> str:
-        """What this layer attends to and which kernel runs it, e.g. `sliding_attention(window=128, global=[0]) via
-        local_blocked`; raises ValueError where the model's attn_implementation has no kernel for it."""
-        kernel = attention_kernel(self.config._attn_implementation, self.layer_type)
+    def kernel_name(self, device: torch.device, dtype: torch.dtype, scores: int = 0) -> str:
+        """The kernel this layer runs on inputs of `dtype` on `device` with `scores` attention scores."""
+        if self.layer_type == "sliding_attention":
+            return local_attention_kernel(self.config._attn_implementation)
+        return full_attention_kernel(self.config._attn_implementation, device, dtype, scores)
+
+    def kernel_description(self, device: torch.device, dtype: torch.dtype, scores: int = 0) -> str:
+        """What this layer attends to and the kernel that runs it, e.g. `sliding_attention(window=128, global=[0]) via
+        local_blocked`."""
+        kernel = self.kernel_name(device, dtype, scores)
         if self.layer_type == "full_attention":
             return f"full_attention via {kernel}"
         return f"sliding_attention(window={self.sliding_window}, global={list(self.global_positions)}) via {kernel}"
@@ -536,18 +286,17 @@ class SineBertLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
-        unpadded: "Unpadded | None" = None,
-        output_rows: "OutputRows | None" = None,
+        rows: "LayerRows | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: `(batch, seq, hidden)`, or the `(n_real + fillers, hidden)` rows of `unpadded`. With
-        `output_rows`, the layer returns only those rows, `(n_rows, hidden)`, and computes its residual, norms and
-        feed-forward network on them alone (the rows a head reads, in the last layer)."""
+        """hidden_states: `(batch, seq, hidden)`, or the `(n_rows, hidden)` rows of a padding-free batch. Where `rows`
+        keeps only the rows a head reads (the last layer), the residual, norms and feed-forward network run on those
+        alone and the layer returns `(n_read, hidden)`."""
         attended, weights = self.attention(
-            self.attention_norm(hidden_states) if self.pre_norm else hidden_states,
-            attention_mask, output_attentions, unpadded, output_rows,
+            self.attention_norm(hidden_states) if self.pre_norm else hidden_states, attention_mask, output_attentions,
+            rows,
         )
-        if output_rows is not None:
-            hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, output_rows.index)
+        if rows is not None:
+            hidden_states = rows.residual(hidden_states)
         if self.pre_norm:
             hidden_states = hidden_states + self.dropout(attended)
             hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
@@ -566,12 +315,21 @@ class SineBertPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = False
     _no_split_modules = ["SineBertLayer"]
 
-    def attention_kernels(self) -> list[str]:
-        """Per encoder layer, its attention and the kernel that runs it under the current attn_implementation, e.g.
-        `["full_attention via sdpa", "sliding_attention(window=128, global=[0]) via local_blocked", ...]`. Raises
-        ValueError where a layer has no kernel, exactly as a forward pass would. (Under "sdpa", full attention in bf16
-        on a CPU runs as two batched matmuls where that is faster: `sdpa_backend`.)"""
-        return [layer.attention.kernel_description() for layer in self.base_model.layers]
+    def attention_kernels(
+        self, dtype: torch.dtype | None = None, input_shape: tuple[int, int] | None = None
+    ) -> list[str]:
+        """Per encoder layer, its attention and the kernel that runs it, e.g. `["full_attention via sdpa",
+        "sliding_attention(window=128, global=[0]) via local_blocked", ...]`, for layers computing in `dtype` (by
+        default autocast's where it is on, else the weights') on the model's device, and inputs of `input_shape`
+        (batch, seq), by default short enough for every kernel: bf16 full attention on a CPU runs "matmul" up to
+        MATMUL_ATTENTION_MAX_SCORES scores and "sdpa" past them. Raises ValueError where a layer has no kernel,
+        exactly as a forward pass would."""
+        device = self.device
+        if dtype is None:
+            dtype = self.base_model._compute_dtype(device)
+        batch, seq = input_shape or (0, 0)
+        scores = batch * self.config.num_attention_heads * seq * seq
+        return [layer.attention.kernel_description(device, dtype, scores) for layer in self.base_model.layers]
 
     def _init_weights(self, module: nn.Module):
         super()._init_weights(module)
@@ -629,254 +387,6 @@ def mimetic_attention_weights(hidden_size: int, num_heads: int) -> tuple[torch.T
     return torch.cat([query, key, value]), out_t.T
 
 
-def _padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """`(batch, seq)` 1/0 padding mask -> boolean `(batch, 1, 1, seq)`, or None when nothing is padded (which
-    lets SDPA take its unmasked fast path)."""
-    if attention_mask is None:
-        return None
-    if attention_mask.dim() != 2:
-        raise ValueError(
-            f"attention_mask must have shape (batch, seq) with 1 for tokens and 0 for padding, got shape "
-            f"{tuple(attention_mask.shape)}."
-        )
-    mask = attention_mask.bool()
-    if bool(mask.all()):
-        return None
-    return mask[:, None, None, :]
-
-
-class PaddedLayout(NamedTuple):
-    """Where `n` rows go in a padded `(batch, seq)` grid: `slots`, their places in the flattened grid, and `padding`,
-    the other places."""
-
-    slots: torch.Tensor  # (n,)
-    padding: torch.Tensor  # (batch * seq - n,)
-    batch: int
-    seq: int
-
-    @classmethod
-    def of(cls, real: torch.Tensor, slots: torch.Tensor | None = None) -> "PaddedLayout":
-        """real: `(batch, seq)` bool, True where a row goes; the rows fill those places in row-major order unless
-        `slots` gives another order."""
-        if slots is None:
-            slots = real.flatten().nonzero().squeeze(-1)
-        return cls(slots, (~real).flatten().nonzero().squeeze(-1), *real.shape)
-
-    def pad(self, values: torch.Tensor) -> torch.Tensor:
-        """`(n, ...)` -> `(batch, seq, ...)`, zeros at the padding."""
-        # Every place written once: zeroing the whole grid first would write it twice.
-        padded = values.new_empty(self.batch * self.seq, *values.shape[1:])
-        padded.index_copy_(0, self.slots, values).index_fill_(0, self.padding, 0)
-        return padded.view(self.batch, self.seq, *values.shape[1:])
-
-    def unpad(self, values: torch.Tensor) -> torch.Tensor:
-        """`(batch, seq, ...)` -> `(n, ...)`."""
-        return values.flatten(0, 1).index_select(0, self.slots)
-
-
-class AttentionBucket(NamedTuple):
-    """Sequences of similar length whose full attention runs in one kernel call, on a `(batch, k_seq)` grid of keys and
-    values with each sequence's tokens at the front of its own row; the queries are the grid's first `q_seq` columns,
-    `q_seq` being the longest sequence."""
-
-    rows: slice  # their rows in the `(n_real, ...)` layout of Unpadded
-    # (batch, k_seq) the row of `(n_real, ...)` at each place of the grid. Places past a sequence's end repeat a real
-    # row of the bucket: they are masked as keys and dropped as queries, so nothing needs zeroing.
-    grid: torch.Tensor
-    places: tuple[torch.Tensor, torch.Tensor]  # (its rows,) twice: grid row and column of each of the bucket's rows
-    q_seq: int
-    mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
-
-
-# A bucket of its own costs a kernel call and its copies, counted as the attention work of one sequence of 128 tokens:
-# a batch is split only where that saves more. On the SST-2 dev batches of benchmarks/speed.py (2 CPU cores, bf16),
-# costs of 64**2 to 192**2 and 2 to 4 buckets ran within 4% of each other, 128**2 among the fastest; in float32 all
-# within 1%. Long inputs of mixed lengths still split, since their attention work grows with the square of the length.
-BUCKET_COST = 128 * 128
-MAX_BUCKETS = 4
-# PyTorch's bf16 softmax on a CPU is fast along a last dimension that is a multiple of 32 and runs a slow loop over
-# the rest: over 40 keys it took 1.9 times as long as over 64, over 63 keys 4.5 times (`python benchmarks/speed.py
-# --kernels`, AMD EPYC, torch 2.13). Where full attention runs the matmul kernel, each bucket's keys are therefore
-# rounded up to this multiple; the keys added are masked, so the result is the same.
-MATMUL_KEY_MULTIPLE = 32
-# bf16 matrix products on a CPU (oneDNN) run slower when their rows are not a multiple of 16 and change from call to
-# call, as the real-token counts of unpadded batches do: over 28 such counts from 950 to 1,139 a (rows, 256) x (256,
-# 1024) product made 635 GFLOP/s, and 687 (counting only the real rows) with its rows rounded up to a multiple of 16
-# (same command and machine; float32 is not affected). Unpadded bf16 batches therefore carry filler rows up to it,
-# from FILLED_MIN_ROWS rows on: below them the rounding gained nothing over changing row counts and, at a fixed count,
-# cost up to a fifth more time (20 rows rounded up to 32).
-CPU_BF16_ROW_MULTIPLE = 16
-FILLED_MIN_ROWS = 256
-
-
-def attention_buckets(lengths: list[int], device: torch.device, key_multiple: int = 1) -> tuple[AttentionBucket, ...]:
-    """Splits sequences of `lengths` (longest first; their rows follow one another in that order) into at most
-    MAX_BUCKETS runs of equal count, as many as make the padded attention work, sum(batch * q_seq * k_seq), plus
-    BUCKET_COST per bucket smallest; each bucket's keys are its longest rounded up to a multiple of `key_multiple`.
-    Sequences without tokens join no bucket."""
-    lengths = [n for n in lengths if n]
-    if not lengths:
-        return ()
-
-    def runs(count: int) -> list[list[int]]:
-        size = -(-len(lengths) // count)
-        return [lengths[i : i + size] for i in range(0, len(lengths), size)]
-
-    def keys(run: list[int]) -> int:
-        return -(-run[0] // key_multiple) * key_multiple
-
-    def cost(split: list[list[int]]) -> int:
-        return sum(len(run) * run[0] * keys(run) + BUCKET_COST for run in split)
-
-    splits = [runs(count) for count in range(1, MAX_BUCKETS + 1)]
-    costs = [cost(split) for split in splits]  # (not min(key=...), which torch.compile warns about)
-    buckets, start = [], 0
-    for run in splits[costs.index(min(costs))]:
-        # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
-        # were added to the embeddings), so where the padding was (left or right) does not matter.
-        counts = torch.tensor(run, device=device)[:, None]  # (batch, 1)
-        starts = start + counts.cumsum(0) - counts  # (batch, 1) the row of each sequence's first token
-        columns = torch.arange(keys(run), device=device)  # (k_seq,)
-        real = columns < counts  # (batch, k_seq)
-        grid = torch.where(real, starts + columns, start)
-        mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
-        places = real[:, : run[0]].nonzero().unbind(1)
-        buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, places, run[0], mask))
-        start += sum(run)
-    return tuple(buckets)
-
-
-class Unpadded(NamedTuple):
-    """Where the real tokens of a padded `(batch, seq)` batch sit once the padding is taken out.
-
-    Embeddings, projections, feed-forward layers and LayerNorms then run on these rows only (Portes et
-    al., 2023, MosaicBERT; ModernBERT): with mixed-length batches most of the work is no longer spent on padding. The
-    rows hold the sequences longest first, so that full attention can run on buckets of similar length, each padded
-    only to about its own longest (`buckets`); sliding-window attention puts the rows back into the `(batch, seq)`
-    batch (`layout`). After the real tokens' rows may come filler rows, copies of the first, up to a multiple of
-    `row_multiple` rows: every layer computes them, but no token attends to them and no output keeps them.
-    """
-
-    layout: PaddedLayout  # of the real tokens' rows in the batch
-    buckets: tuple[AttentionBucket, ...]
-    rows: torch.Tensor  # (n_real + fillers,) the place in the flattened batch each row comes from
-
-    @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1) -> "Unpadded":
-        """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
-        `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS."""
-        real = attention_mask.bool()
-        lengths = real.sum(1)  # (batch,)
-        order = torch.argsort(lengths, descending=True, stable=True)
-        positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
-        layout = PaddedLayout.of(real, slots=positions[real[order]])
-        fillers = -len(layout.slots) % row_multiple if len(layout.slots) >= FILLED_MIN_ROWS else 0
-        rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
-        return cls(layout, attention_buckets(lengths[order].tolist(), real.device, key_multiple), rows)
-
-    @property
-    def n_real(self) -> int:
-        return len(self.layout.slots)
-
-    def unpad(self, values: torch.Tensor) -> torch.Tensor:
-        """`(batch, seq, ...)` -> `(n_real + fillers, ...)`."""
-        return values.flatten(0, 1).index_select(0, self.rows)
-
-    def pad(self, values: torch.Tensor) -> torch.Tensor:
-        """`(n_real + fillers, ...)` -> `(batch, seq, ...)`, zeros at the padding; the fillers are dropped."""
-        return self.layout.pad(values[: self.n_real])
-
-    def with_fillers(self, values: torch.Tensor) -> torch.Tensor:
-        """`(n_real, ...)` -> `(n_real + fillers, ...)`, zeros at the fillers."""
-        fillers = len(self.rows) - self.n_real
-        return torch.cat([values, values.new_zeros(fillers, *values.shape[1:])]) if fillers else values
-
-    def real_tokens(self, *inputs: torch.Tensor | None) -> list[torch.Tensor | None]:
-        """Each of the embeddings' inputs (ids `(batch, seq)` or `inputs_embeds` `(batch, seq, hidden)`, or None) at
-        each row, as one row: `(1, n_real + fillers, ...)`. position_ids (the third), when None, become each token's
-        column, the position it has in the padded batch."""
-        grid = self.layout.batch, self.layout.seq  # (position_ids may come as one row for every sequence)
-        taken = [None if x is None else x.expand(*grid, *x.shape[2:]).flatten(0, 1)[self.rows][None] for x in inputs]
-        if taken[2] is None:
-            taken[2] = (self.rows % self.layout.seq)[None]
-        return taken
-
-    def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
-        """Flattened `(batch * seq)` positions of real tokens -> their rows in the `(n_real, ...)` layout."""
-        slots = self.layout.slots
-        row = torch.full((self.layout.batch * self.layout.seq,), -1, dtype=torch.long, device=slots.device)
-        row[slots] = torch.arange(len(slots), device=slots.device)
-        return row[positions]
-
-
-class OutputRows(NamedTuple):
-    """The rows a head reads, which alone the last layer computes: `index` into the rows of its input, and `layout`,
-    the same rows as queries in a `(batch, queries)` grid, each sequence's in its own row."""
-
-    index: torch.Tensor  # (n_rows,)
-    layout: PaddedLayout
-
-    @classmethod
-    def from_mask(cls, output_mask: torch.Tensor, unpadded: "Unpadded | None") -> "OutputRows":
-        read = output_mask.bool()
-        positions = read.flatten().nonzero().squeeze(-1)  # (n_rows,) in the flattened batch, row-major
-        counts = read.sum(1)  # (batch,)
-        queries = torch.arange(int(counts.max()) if counts.numel() else 0, device=read.device) < counts[:, None]
-        return cls(positions if unpadded is None else unpadded.rows_of(positions), PaddedLayout.of(queries))
-
-
-def tokens_to_keep(predicted: torch.Tensor, attention_mask: torch.Tensor | None, keep: float) -> torch.Tensor:
-    """`(batch, seq)` bool, the tokens that token dropping's layers compute: every `predicted` one and, drawn at
-    random, as many others as make up `keep` of each sequence's tokens (rounded up)."""
-    real = torch.ones_like(predicted) if attention_mask is None else attention_mask.bool()
-    predicted = predicted & real
-    # Predicted tokens rank first (score 2), the others in random order (scores in [0, 1)), padding last (-1).
-    scores = torch.rand(predicted.shape, device=predicted.device)
-    scores = torch.where(predicted, 2.0, torch.where(real, scores, -1.0))
-    counts = torch.maximum((real.sum(1) * keep).ceil().long(), predicted.sum(1))  # (batch,)
-    ranks = scores.argsort(1, descending=True).argsort(1)
-    return ranks < counts[:, None]
-
-
-class DroppedTokens(NamedTuple):
-    """How the layers of token dropping (`config.token_dropping_layers`) compute only the `kept` tokens. The fast
-    path gives them only the kept tokens' rows. The eager reference computes every token but masks the others as keys,
-    and gives them back the state they entered with when the last of those layers is done."""
-
-    kept: torch.Tensor  # (batch, seq) bool
-    unpadded: Unpadded | None  # of the kept tokens, which those layers get as their rows; None under eager
-    index: torch.Tensor | None  # (n_kept + fillers,) each of those rows in the hidden states entering them
-
-    @classmethod
-    def of(cls, kept: torch.Tensor, outer: Unpadded | None, multiples: tuple[int, int] | None) -> "DroppedTokens":
-        """`outer`: the unpadded batch the other layers compute, if any; `multiples` (those of `Unpadded.from_mask`),
-        None for the eager reference."""
-        if multiples is None:
-            return cls(kept, None, None)
-        unpadded = Unpadded.from_mask(kept, *multiples)
-        return cls(kept, unpadded, unpadded.rows if outer is None else outer.rows_of(unpadded.rows))
-
-    @property
-    def mask(self) -> torch.Tensor:
-        """`(batch, 1, 1, seq)`: the keys of those layers under the eager reference."""
-        return self.kept[:, None, None, :]
-
-    def enter(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The hidden states before the first dropping layer -> its input: `(n_kept + fillers, hidden)` rows."""
-        if self.unpadded is None:
-            return hidden_states
-        return hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, self.index)
-
-    def leave(self, entered: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        """`entered` (the states before the first dropping layer) with the kept tokens' states replaced by
-        `hidden_states`, those after the last dropping layer."""
-        if self.unpadded is None:
-            return torch.where(self.kept[..., None], hidden_states, entered)
-        n_kept, width = self.unpadded.n_real, entered.shape[-1]
-        flat = entered.reshape(-1, width).index_copy(0, self.index[:n_kept], hidden_states[:n_kept])
-        return flat.view_as(entered)
-
-
 class SineBertModel(SineBertPreTrainedModel):
     """The bare encoder: `last_hidden_state` of shape `(batch, seq, hidden)`."""
 
@@ -926,116 +436,38 @@ class SineBertModel(SineBertPreTrainedModel):
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
         inputs = input_ids if input_ids is not None else inputs_embeds
-        if output_mask is not None:
-            self._check_token_mask("output_mask", output_mask, attention_mask, inputs.shape[:2],
-                                   "The positions to read (output_mask, or masked-LM labels other than -100) include "
-                                   "padding (attention_mask 0); read real tokens only.")
-        masks = self._layer_masks(attention_mask, inputs.shape[1], inputs.device)
-        # Padded batches drop their padding before the layers, except under the eager reference, which computes
-        # every position as written. The outputs at padding are then zeros instead of values nobody should read.
-        unpadded = None
-        if masks["full_attention"] is not None and self.config._attn_implementation != "eager":
-            unpadded = Unpadded.from_mask(attention_mask, *self._unpadded_multiples(inputs.device))
-        if unpadded is not None and self.embeddings.segment_match is None and not torch.compiler.is_compiling():
-            # Only the rows are embedded, as one sequence; cross-segment matches need the batch's own rows.
-            # (Not under torch.compile: with freezing and dynamic shapes, torch 2.13's inductor generates code for
-            # this path that names an undefined size and fails.)
-            hidden_states = self.embeddings(*unpadded.real_tokens(input_ids, token_type_ids, position_ids,
-                                                                  inputs_embeds, case_ids)).squeeze(0)
-        else:
-            hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
-            if unpadded is not None:
-                hidden_states = unpadded.unpad(hidden_states)  # (n_real + fillers, hidden)
-        output_rows = None
-        if output_mask is not None and not output_hidden_states and self.config._attn_implementation != "eager":
-            output_rows = OutputRows.from_mask(output_mask, unpadded)
-        dropped, dropping = None, self.config.token_dropping_range
-        if kept_tokens is not None:
-            dropped = self._dropped_tokens(kept_tokens, attention_mask, unpadded, inputs)
-        all_hidden_states, all_attentions = [], []
+        # Where every row goes, decided once: padded batches drop their padding before the layers, except under the
+        # eager reference, which computes every position as written (its outputs at padding are not zeros).
+        layout = TokenLayout(self.config, attention_mask, output_mask, kept_tokens, inputs.shape[:2], inputs.device,
+                             self._compute_dtype(inputs.device), output_hidden_states)
+        hidden_states = layout.embed(self.embeddings, input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
+        all_hidden_states, all_attentions, entered, dropping = [], [], None, layout.dropping
         for index, layer in enumerate(self.layers):
-            inside = dropped is not None and index in dropping
-            if inside and index == dropping[0]:
-                entered, hidden_states = hidden_states, dropped.enter(hidden_states)
-            all_hidden_states.append(dropped.leave(entered, hidden_states) if inside else hidden_states)
-            last = index == len(self.layers) - 1
-            hidden_states, weights = layer(
-                hidden_states, dropped.mask if inside else masks[layer.attention.layer_type], output_attentions,
-                dropped.unpadded if inside else unpadded, output_rows if last else None,
-            )
+            if dropping and index == dropping[0]:
+                entered, hidden_states = hidden_states, layout.drop(hidden_states)
+            if output_hidden_states:
+                state = hidden_states if entered is None else layout.restore(entered, hidden_states)
+                all_hidden_states.append(layout.padded(state))
+            mask = layout.mask(index, layer.attention.layer_type)
+            hidden_states, weights = layer(hidden_states, mask, output_attentions, layout.rows(index))
             all_attentions.append(weights)
-            if inside and index == dropping[-1]:
-                hidden_states = dropped.leave(entered, hidden_states)
+            if dropping and index == dropping[-1]:
+                hidden_states, entered = layout.restore(entered, hidden_states), None
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
-        all_hidden_states.append(hidden_states)
-        if unpadded is not None and output_rows is None:
-            hidden_states = unpadded.pad(hidden_states)
-            all_hidden_states = [unpadded.pad(h) for h in all_hidden_states] if output_hidden_states else []
-        if output_mask is not None and output_rows is None:  # the reference: every position computed, then selected
-            hidden_states = hidden_states[output_mask.bool()]
+        if output_hidden_states:
+            all_hidden_states.append(layout.padded(hidden_states))
         return BaseModelOutput(
-            last_hidden_state=hidden_states,
+            last_hidden_state=layout.output(hidden_states),
             hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
 
-    def _unpadded_multiples(self, device: torch.device) -> tuple[int, int]:
-        """(key_multiple, row_multiple) of `Unpadded.from_mask`: MATMUL_KEY_MULTIPLE where full attention will run
-        the matmul kernel and CPU_BF16_ROW_MULTIPLE for the projections, both for bf16 on a CPU, else 1. The
-        projections compute in the autocast dtype where autocast is on, else in the weights'."""
-        device = device.type
-        weights = self.embeddings.word_embeddings.weight.dtype
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weights
-        if device != "cpu" or dtype != torch.bfloat16:
-            return 1, 1
-        return MATMUL_KEY_MULTIPLE if self.config._attn_implementation == "sdpa" else 1, CPU_BF16_ROW_MULTIPLE
-
-    def _dropped_tokens(
-        self, kept: torch.Tensor, attention_mask: torch.Tensor | None, unpadded: Unpadded | None, inputs: torch.Tensor
-    ) -> DroppedTokens:
-        if self.config.token_dropping_layers is None:
-            raise ValueError("kept_tokens needs config.token_dropping_layers, the layers that compute only them.")
-        # Checked here, not in the config: a checkpoint pretrained with token dropping may be read with windows.
-        local = [i for i in self.config.token_dropping_range if self.config.layer_types[i] != "full_attention"]
-        if local:
-            raise ValueError(
-                f"token_dropping_layers={list(self.config.token_dropping_layers)} includes sliding-window layers "
-                f"{local}, whose windows count positions that dropping tokens would shift; drop tokens in "
-                "full-attention layers only (or set token_dropping_layers=None)."
-            )
-        self._check_token_mask("kept_tokens", kept, attention_mask, inputs.shape[:2],
-                               "kept_tokens includes padding (attention_mask 0); keep real tokens only.")
-        multiples = None if self.config._attn_implementation == "eager" else self._unpadded_multiples(inputs.device)
-        return DroppedTokens.of(kept.bool(), unpadded, multiples)
-
-    @staticmethod
-    def _check_token_mask(
-        name: str, mask: torch.Tensor, attention_mask: torch.Tensor | None, shape: torch.Size, on_padding: str
-    ):
-        """`mask`, the `(batch, seq)` input `name`, has the input's `shape` and is True at real tokens only (else
-        ValueError(`on_padding`))."""
-        if mask.shape != shape:
-            raise ValueError(
-                f"{name} must have the shape of the input, (batch, seq) = {tuple(shape)}, got {tuple(mask.shape)}."
-            )
-        if attention_mask is not None and bool((mask.bool() & ~attention_mask.bool()).any()):
-            raise ValueError(on_padding)
-
-
-    def _layer_masks(self, attention_mask: torch.Tensor | None, seq: int, device: torch.device) -> dict:
-        """The masks of one forward pass, built once and keyed by layer type: the padding mask `(batch, 1, 1, seq)`
-        (or None) for full attention; for sliding-window layers the written-out band `(batch or 1, 1, seq, seq)` under
-        the eager reference, else the padding mask, from which the blocked kernel builds its O(seq * window) masks."""
-        padding = _padding_mask(attention_mask)
-        masks = {"full_attention": padding}
-        if "sliding_attention" in self.config.layer_types:
-            masks["sliding_attention"] = padding
-            if attention_kernel(self.config._attn_implementation, "sliding_attention") == "eager":
-                masks["sliding_attention"] = local_attention_mask(
-                    seq, self.config.sliding_window, self.config.global_attention_positions, padding, device
-                )
-        return masks
+    def _compute_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype the layers compute in: autocast's where it is on, else the weights'."""
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.embeddings.word_embeddings.weight.dtype
 
 
 class SineBertPredictionHead(nn.Module):

@@ -12,12 +12,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sinebert import SineBertConfig, SineBertForMaskedLM, SineBertForSequenceClassification, SineBertModel
-from sinebert.modeling_sinebert import (
-    _padding_mask,
-    eager_attention_forward,
-    local_attention_forward,
-    local_attention_mask,
-)
+from sinebert.attention_sinebert import local_attention_forward, local_attention_mask
+from sinebert.layout_sinebert import padding_mask
+from sinebert.modeling_sinebert import eager_attention_forward
 from tests.conftest import tiny_config
 
 MIXED = dict(num_hidden_layers=4, sliding_window=3, global_attn_every_n_layers=2, global_attention_positions=[0])
@@ -52,7 +49,7 @@ def test_local_kernel_equals_eager_with_band_mask_and_gradients_match(seq, windo
     torch.manual_seed(seq + window)
     module = nn.Module().eval()
     leaves = [torch.randn(3, 2, seq, 8, requires_grad=True) for _ in range(3)]  # (batch, heads, seq, head_dim)
-    padding = _padding_mask(_padded_batch_mask(3, seq)) if padded else None
+    padding = padding_mask(_padded_batch_mask(3, seq)) if padded else None
     band = local_attention_mask(seq, window, global_positions, padding, torch.device("cpu"))
     reference, _ = eager_attention_forward(module, *leaves, band, scaling=0.35)
     blocked, weights = local_attention_forward(

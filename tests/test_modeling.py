@@ -12,20 +12,22 @@ from sinebert import (
     SineBertForTokenClassification,
     SineBertModel,
 )
-from sinebert.modeling_sinebert import (
+from sinebert.attention_sinebert import (
+    MATMUL_KEY_MULTIPLE,
+    SINEBERT_ATTENTION_FUNCTIONS,
+    full_attention_kernel,
+    matmul_attention_forward,
+)
+from sinebert.layout_sinebert import (
     BUCKET_COST,
     CPU_BF16_ROW_MULTIPLE,
-    MATMUL_KEY_MULTIPLE,
-    SineBertAttention,
-    Unpadded,
-    _padding_mask,
+    TokenRows,
     attention_buckets,
-    cross_segment_matches,
-    matmul_attention_forward,
-    sdpa_backend,
-    sinusoidal_encoding,
+    padding_mask,
     tokens_to_keep,
+    unpadded_multiples,
 )
+from sinebert.modeling_sinebert import SineBertAttention, cross_segment_matches, sinusoidal_encoding
 from tests.conftest import tiny_config
 
 ALL_HEADS = [
@@ -96,7 +98,7 @@ def test_attention_matches_numpy(implementation, seed):
     mask = (rng.random((batch, seq)) > 0.3).astype(np.int64)
     mask[0] = 0  # a fully padded row must give zeros, not NaN
     with torch.no_grad():
-        ours, _ = attention(torch.from_numpy(x), _padding_mask(torch.from_numpy(mask)))
+        ours, _ = attention(torch.from_numpy(x), padding_mask(torch.from_numpy(mask)))
     params = {n: p.detach().numpy() for n, p in attention.named_parameters()}
     expected = numpy_attention(
         x, mask, params["qkv_proj.weight"], params["qkv_proj.bias"], params["out_proj.weight"],
@@ -115,7 +117,7 @@ def test_attention_float32_matches_numpy_and_empty_rows_are_zero():
     mask[1, 5:] = 0
     mask[2] = 0
     with torch.no_grad():
-        ours, _ = attention(x, _padding_mask(mask))
+        ours, _ = attention(x, padding_mask(mask))
     params = {n: p.detach().double().numpy() for n, p in attention.named_parameters()}
     expected = numpy_attention(
         x.double().numpy(), mask.numpy(), params["qkv_proj.weight"], params["qkv_proj.bias"],
@@ -137,18 +139,31 @@ def test_matmul_kernel_matches_numpy_with_padding_and_empty_rows():
     expected[2] = 0.0
     module = torch.nn.Module().eval()
     ours, weights = matmul_attention_forward(
-        module, *(torch.from_numpy(t) for t in (query, key, value)), _padding_mask(torch.from_numpy(mask)), 0.5
+        module, *(torch.from_numpy(t) for t in (query, key, value)), padding_mask(torch.from_numpy(mask)), 0.5
     )
     assert weights is None
     np.testing.assert_allclose(ours.numpy(), expected.transpose(0, 2, 1, 3), atol=1e-6)
 
 
-def test_sdpa_runs_the_matmul_kernel_only_for_bf16_on_a_cpu_while_the_scores_fit(monkeypatch):
-    query = torch.zeros(2, 4, 16, 8, dtype=torch.bfloat16)
-    assert sdpa_backend(query, query) == "matmul"
-    assert sdpa_backend(query.float(), query.float()) == "sdpa"
-    monkeypatch.setattr("sinebert.modeling_sinebert.MATMUL_ATTENTION_MAX_SCORES", 2 * 4 * 16 * 16 - 1)
-    assert sdpa_backend(query, query) == "sdpa"  # long inputs keep SDPA's memory-linear kernel
+def test_sdpa_runs_the_matmul_kernel_only_for_bf16_on_a_cpu_while_the_scores_fit_and_says_so(monkeypatch):
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    assert full_attention_kernel("sdpa", cpu, bf16, 2 * 4 * 16 * 16) == "matmul"
+    assert full_attention_kernel("sdpa", cpu, torch.float32, 2 * 4 * 16 * 16) == "sdpa"
+    assert full_attention_kernel("sdpa", torch.device("cuda"), bf16) == "sdpa"
+    assert full_attention_kernel("eager", cpu, bf16) == "eager"
+    monkeypatch.setattr("sinebert.attention_sinebert.MATMUL_ATTENTION_MAX_SCORES", 2 * 4 * 16 * 16 - 1)
+    assert full_attention_kernel("sdpa", cpu, bf16, 2 * 4 * 16 * 16) == "sdpa"  # long inputs keep SDPA's kernel
+    model = SineBertModel(tiny_config())  # 4 heads
+    assert model.attention_kernels() == ["full_attention via sdpa"] * 2
+    with torch.autocast("cpu", dtype=bf16):
+        assert model.attention_kernels() == ["full_attention via matmul"] * 2
+        assert model.attention_kernels(input_shape=(2, 16)) == ["full_attention via sdpa"] * 2
+    assert model.to(bf16).attention_kernels() == ["full_attention via matmul"] * 2
+    ran = []  # and what is reported is what runs
+    monkeypatch.setitem(SINEBERT_ATTENTION_FUNCTIONS._local_mapping, "matmul",
+                        lambda *args, **kwargs: ran.append("matmul") or matmul_attention_forward(*args, **kwargs))
+    model(input_ids=torch.randint(5, 99, (1, 8)))
+    assert ran == ["matmul"] * 2
 
 
 @pytest.mark.parametrize("cls", [SineBertForMaskedLM, SineBertForSequenceClassification])
@@ -294,23 +309,18 @@ def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_
 
 
 def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
-    model = SineBertModel(tiny_config())
-    model.config._attn_implementation = "sdpa"
-    cpu = torch.device("cpu")
-    assert model._unpadded_multiples(cpu) == (1, 1)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert model._unpadded_multiples(cpu) == (MATMUL_KEY_MULTIPLE, CPU_BF16_ROW_MULTIPLE) == (32, 16)
-        model.config._attn_implementation = "eager"  # (which does not unpad at all)
-        assert model._unpadded_multiples(cpu) == (1, 16)
-    model.config._attn_implementation = "sdpa"
-    assert model.to(torch.bfloat16)._unpadded_multiples(cpu) == (32, 16)  # bf16 weights, no autocast
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    assert unpadded_multiples("sdpa", cpu, torch.float32) == (1, 1)
+    assert unpadded_multiples("sdpa", torch.device("cuda"), bf16) == (1, 1)
+    assert unpadded_multiples("sdpa", cpu, bf16) == (MATMUL_KEY_MULTIPLE, CPU_BF16_ROW_MULTIPLE) == (32, 16)
+    assert unpadded_multiples("flex_attention", cpu, bf16) == (1, 16)  # no matmul kernel, no keys rounded up
 
 
 def test_filler_rows_round_large_batches_up_and_are_dropped_when_the_batch_is_padded_again(monkeypatch):
     mask = (torch.arange(10) < torch.tensor([7, 3, 10])[:, None]).long()
-    assert len(Unpadded.from_mask(mask, row_multiple=8).rows) == 20  # too few rows to pay for fillers
-    monkeypatch.setattr("sinebert.modeling_sinebert.FILLED_MIN_ROWS", 20)
-    unpadded = Unpadded.from_mask(mask, row_multiple=8)
+    assert len(TokenRows.from_mask(mask, row_multiple=8).rows) == 20  # too few rows to pay for fillers
+    monkeypatch.setattr("sinebert.layout_sinebert.FILLED_MIN_ROWS", 20)
+    unpadded = TokenRows.from_mask(mask, row_multiple=8)
     assert unpadded.n_real == 20 and len(unpadded.rows) == 24
     assert unpadded.rows[20:].tolist() == [unpadded.rows[0].item()] * 4  # copies of the first row
     values = torch.arange(30, dtype=torch.float).view(3, 10, 1)
@@ -326,14 +336,14 @@ def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls
     """Batches whose lengths differ enough run full attention in several buckets; outputs and gradients equal the
     eager reference's, with left padding, an empty row (the bare encoder), the last layer's rows read, and the
     buckets' keys and the rows rounded up as for bf16 on a CPU (here in float32, so that it is exact)."""
-    monkeypatch.setattr(SineBertModel, "_unpadded_multiples", lambda self, device: (key_multiple, row_multiple))
+    monkeypatch.setattr("sinebert.layout_sinebert.unpadded_multiples", lambda *args: (key_multiple, row_multiple))
     eager, sdpa = _model_pair(cls, num_labels=3, sparse_prediction=True, max_position_embeddings=128)
     lengths = torch.tensor([96, 7, 64, 3, 90, 12, 40, 0 if cls is SineBertModel else 5])
     mask = (torch.arange(96) < lengths[:, None]).long()
     mask[1] = mask[1].flip(0)  # left padding
     ids = torch.randint(5, 99, mask.shape, generator=torch.Generator().manual_seed(3))
-    assert len(Unpadded.from_mask(mask).buckets) > 1
-    assert len(Unpadded.from_mask(mask, key_multiple, row_multiple).rows) > mask.sum() or row_multiple == 1  # fillers
+    assert len(TokenRows.from_mask(mask).buckets) > 1
+    assert len(TokenRows.from_mask(mask, key_multiple, row_multiple).rows) > mask.sum() or row_multiple == 1  # fillers
     inputs = {"input_ids": ids, "attention_mask": mask}
     if cls is SineBertForMaskedLM:
         chosen = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(4)) < 0.2) & mask.bool()
@@ -385,8 +395,8 @@ def test_token_dropping_matches_the_reference_and_its_gradients(norm_placement, 
                                                                 monkeypatch):
     """While the masked-LM head trains, layers 1 and 2 of 4 compute only the kept tokens, on the fast path as in
     the eager reference (the same draw of tokens), with and without padding and with rows and keys rounded up."""
-    monkeypatch.setattr(SineBertModel, "_unpadded_multiples", lambda self, device: (key_multiple, row_multiple))
-    monkeypatch.setattr("sinebert.modeling_sinebert.FILLED_MIN_ROWS", 1)
+    monkeypatch.setattr("sinebert.layout_sinebert.unpadded_multiples", lambda *args: (key_multiple, row_multiple))
+    monkeypatch.setattr("sinebert.layout_sinebert.FILLED_MIN_ROWS", 1)
     overrides = dict(num_hidden_layers=4, sparse_prediction=True, norm_placement=norm_placement,
                      token_dropping_layers=[1, 3], token_dropping_keep=0.4)
     eager, sdpa = (model.train() for model in _model_pair(SineBertForMaskedLM, **overrides))
@@ -482,7 +492,7 @@ def test_real_tokens_alone_are_embedded_as_the_reference_embeds_them_in_the_padd
 
 
 def test_keys_rounded_up_are_masked_even_where_every_sequence_has_the_same_length(monkeypatch):
-    monkeypatch.setattr(SineBertModel, "_unpadded_multiples", lambda self, device: (32, 16))
+    monkeypatch.setattr("sinebert.layout_sinebert.unpadded_multiples", lambda *args: (32, 16))
     eager, sdpa = _model_pair(SineBertModel)
     mask = (torch.arange(24) < 20).long().repeat(3, 1)  # one bucket of three sequences of 20: 12 keys added
     ids = torch.randint(5, 99, mask.shape, generator=torch.Generator().manual_seed(5))

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sinebert import SineBertModel
-from sinebert.modeling_sinebert import SineBertAttention, _padding_mask, sinusoidal_encoding
+from sinebert.layout_sinebert import padding_mask
+from sinebert.modeling_sinebert import SineBertAttention, sinusoidal_encoding
 from sinebert.training.mlm import MaskingCollator, pack_texts
 from tests.conftest import tiny_config
 
@@ -46,7 +47,7 @@ def test_eager_and_sdpa_agree_and_stay_finite_for_any_mask(case):
     for implementation in ("eager", "sdpa"):
         eager.config._attn_implementation = implementation
         with torch.no_grad():
-            outputs[implementation], _ = eager(x, _padding_mask(mask))
+            outputs[implementation], _ = eager(x, padding_mask(mask))
     assert torch.isfinite(outputs["eager"]).all()
     torch.testing.assert_close(outputs["eager"], outputs["sdpa"], atol=1e-5, rtol=1e-5)
     empty = mask.sum(-1) == 0  # rows with nothing to attend to give zero attention, i.e. the output bias

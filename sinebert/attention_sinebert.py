@@ -1,0 +1,210 @@
+"""sinebert's fast attention kernels, registered by name beside transformers' own, and the choice among them.
+
+Every kernel has the signature of transformers' attention functions: `(module, query, key, value, attention_mask,
+scaling, dropout, **kwargs) -> (output, weights)`, with query/key/value `(batch, heads, seq, head_dim)`, a boolean
+mask (True where a query may attend) and an output `(batch, q_seq, heads, head_dim)`. The reference they must equal,
+`eager_attention_forward`, lives in `modeling_sinebert.py`.
+
+    kernel         what it runs                                        where
+    sdpa           PyTorch's scaled_dot_product_attention              full attention under "sdpa"
+    matmul         two batched matmuls and a softmax in the dtype      the same, for bf16 on a CPU
+    local_blocked  sliding windows in O(seq * window) memory           sliding-window layers under "sdpa"
+    eager          the reference, with weights (the band as a mask)    every layer under "eager"
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_utils import AttentionInterface
+
+# PyTorch's fused SDPA kernel for the CPU is slow in bf16: at 128 tokens (batch 32, 8 heads of 64) its forward and
+# backward took 8.3 + 36.0 ms where two batched matmuls and a softmax took 3.5 + 7.2 ms, and at 2,048 tokens still
+# 49 + 74 against 34 + 52 ms (`python benchmarks/speed.py --kernels`, AMD EPYC with AVX512-BF16, torch 2.13). In
+# float32 SDPA is as fast at 128 tokens and faster beyond, so it stays.
+# The matmul kernel writes out the (q_seq, k_seq) scores, which SDPA never does, so it runs only while they are at
+# most this many entries per call (64 MiB in bf16): long inputs keep SDPA's memory-linear kernel.
+MATMUL_ATTENTION_MAX_SCORES = 2**25
+# PyTorch's bf16 softmax on a CPU is fast along a last dimension that is a multiple of 32 and runs a slow loop over
+# the rest: over 40 keys it took 1.9 times as long as over 64, over 63 keys 4.5 times (`python benchmarks/speed.py
+# --kernels`, AMD EPYC, torch 2.13). Where full attention runs the matmul kernel, the padding-free layout rounds each
+# bucket's keys up to this multiple; the keys added are masked, so the result is the same.
+MATMUL_KEY_MULTIPLE = 32
+# Sliding-window layers split the sequence into blocks of at least this many queries: smaller blocks (tiny windows)
+# would make each block's matmul too small to run efficiently, and larger blocks than the window stay exact because
+# the band mask still removes the keys out of reach.
+MIN_LOCAL_BLOCK = 64
+
+
+def matmul_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """softmax(Q K^T * scaling) V by two batched matmuls in the inputs' dtype, without returning the weights.
+
+    The eager kernel's result with fewer copies: the queries are scaled instead of the scores, the mask is written
+    into the scores in place, and the softmax keeps the scores' dtype (it accumulates in float32 for bf16 inputs, as
+    eager's float32 softmax does, and rounds once).
+    """
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (batch, heads, q_seq, k_seq)
+    if attention_mask is not None:
+        scores.masked_fill_(~attention_mask, torch.finfo(scores.dtype).min)
+    weights = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
+    output = torch.matmul(weights, value)  # (batch, heads, q_seq, head_dim)
+    if attention_mask is not None:
+        output.masked_fill_(~attention_mask.any(dim=-1, keepdim=True), 0.0)  # fully masked rows: zeros, as eager
+    return output.transpose(1, 2), None
+
+
+def _global_index(global_positions, seq: int, device: torch.device) -> torch.Tensor:
+    """`(n_global,)` long tensor of the global positions that exist in a sequence of length `seq`."""
+    return torch.tensor([p for p in global_positions or () if p < seq], dtype=torch.long, device=device)
+
+
+def local_attention_mask(
+    seq: int, sliding_window: int, global_positions, padding_mask: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """The mask of a sliding-window layer, written out: boolean `(batch or 1, 1, seq, seq)`, True where query i may
+    attend key j: |i - j| <= sliding_window, or i or j is a global position, and key j is not padding.
+
+    With `eager_attention_forward` this is the exact O(seq^2) reference that `local_attention_forward` must equal.
+    """
+    positions = torch.arange(seq, device=device)
+    allowed = (positions[:, None] - positions[None, :]).abs() <= sliding_window  # (seq, seq)
+    is_global = torch.zeros(seq, dtype=torch.bool, device=device)
+    is_global[_global_index(global_positions, seq, device)] = True
+    allowed = (allowed | is_global[:, None] | is_global[None, :])[None, None]  # (1, 1, seq, seq)
+    return allowed if padding_mask is None else allowed & padding_mask
+
+
+def _neighbour_blocks(tensor: torch.Tensor, dim: int, block: int, tail: int, extra: torch.Tensor) -> torch.Tensor:
+    """For each block of `block` positions along `dim` (the sequence, of length blocks * block - tail): the block
+    before it, the block itself and the block after it (zeros past the ends), then `extra` (the global tokens).
+
+    `tensor` `(..., seq, ...)`, `extra` `(..., n_extra, ...)` -> `(..., blocks, 3 * block + n_extra, ...)`, gathered
+    by one copy in the input's own memory order.
+    """
+    padded = F.pad(tensor, (0, 0) * (tensor.dim() - 1 - dim) + (block, tail + block))
+    shape = padded.shape
+    blocks = shape[dim] // block - 2
+    split = padded.view(*shape[:dim], blocks + 2, block, *shape[dim + 1 :])  # (..., blocks + 2, block, ...)
+    # The previous, own and next block of each block: 3 x (..., blocks, block, ...)
+    pieces = [split.narrow(dim, offset, blocks) for offset in range(3)]
+    pieces.append(extra.unsqueeze(dim).expand(*shape[:dim], blocks, *extra.shape[dim:]))
+    return torch.cat(pieces, dim=dim + 1)
+
+
+def local_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    global_positions=(),
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Sliding-window attention in O(seq * sliding_window) memory: the fast kernel of the local layers.
+
+    It equals `eager_attention_forward` under `local_attention_mask`, without forming a (seq, seq) matrix. The queries
+    are cut into blocks of `block >= sliding_window` tokens; each block scores the keys of its own and its two
+    neighbouring blocks (all keys within reach of the band) plus the global keys, and the band and padding masks
+    remove the rest. Global queries attend to every key through the matmul kernel, `(n_global, seq)` scores per head.
+
+    attention_mask: the boolean padding mask `(batch, 1, 1, seq)` (True = may attend) or None. Returns no weights:
+    for weights, run the model with `attn_implementation="eager"`.
+    """
+    if sliding_window is None:
+        raise ValueError("local_attention_forward needs sliding_window, the number of tokens seen on each side.")
+    batch, heads, seq, head_dim = query.shape
+    block = max(1, min(max(sliding_window, MIN_LOCAL_BLOCK), seq))  # no block longer than the sequence
+    blocks = -(-seq // block)
+    tail = blocks * block - seq  # padding that fills the last block
+    glob = _global_index(global_positions, seq, query.device)  # (n_global,)
+    keys = _neighbour_blocks(key, 2, block, tail, key[:, :, glob])  # (batch, heads, blocks, k, head_dim)
+    values = _neighbour_blocks(value, 2, block, tail, value[:, :, glob])  # k = 3 * block + n_global
+    # (batch or 1, 1, blocks, block, k): True where a query may not attend a key
+    blocked = ~_local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)
+    # Scaling the queries costs seq * head_dim multiplications; scaling the scores would cost seq * k.
+    queries = F.pad(query * scaling, (0, 0, 0, tail)).view(batch, heads, blocks, block, head_dim)
+    scores = torch.matmul(queries, keys.transpose(-1, -2))  # (batch, heads, blocks, block, k)
+    # In place: the largest tensor here is written once more, not copied. Keys out of reach get finfo.min, so their
+    # softmax weights underflow to exactly zero wherever a row has any key in reach.
+    scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
+    # float32 at least (as in the eager kernel), float64 stays float64 so that its finfo.min stays finite.
+    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
+    del scores  # free it before the output is made
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, values)  # (batch, heads, blocks, block, head_dim)
+    # Rows with no key in reach got uniform weights over masked keys; like the eager kernel they must give zeros.
+    output.masked_fill_(blocked.all(dim=-1, keepdim=True), 0.0)
+    output = output.view(batch, heads, blocks * block, head_dim)
+    if glob.numel():
+        global_output, _ = matmul_attention_forward(
+            module, query[:, :, glob], key, value, attention_mask, scaling=scaling, dropout=dropout
+        )  # (batch, n_global, heads, head_dim)
+        output.index_copy_(2, glob, global_output.transpose(1, 2))
+    return output[:, :, :seq].transpose(1, 2).contiguous(), None  # (batch, seq, heads, head_dim)
+
+
+def _local_block_mask(
+    padding_mask: torch.Tensor | None, glob: torch.Tensor, seq: int, block: int, tail: int, sliding_window: int
+) -> torch.Tensor:
+    """Boolean `(batch or 1, 1, blocks, block, 3 * block + n_global)`: which of a block's keys each query may attend.
+
+    A global key is masked where it falls in a query's neighbouring blocks and scored in its own column instead, so
+    that it counts once.
+    """
+    device = glob.device
+    key_ok = torch.ones(1, seq, dtype=torch.bool, device=device) if padding_mask is None else padding_mask[:, 0, 0]
+    # (batch or 1, blocks, 3 * block + n_global)
+    key_ok = _neighbour_blocks(key_ok.index_fill(1, glob, False), 1, block, tail, key_ok[:, glob])
+    # Key column c of a block starting at query b0 holds position b0 - block + c; query row r is position b0 + r.
+    offsets = torch.arange(3 * block, device=device)[None, :] - block - torch.arange(block, device=device)[:, None]
+    in_band = torch.cat(
+        [offsets.abs() <= sliding_window, torch.ones(block, glob.numel(), dtype=torch.bool, device=device)], dim=-1
+    )  # (block, 3 * block + n_global)
+    return in_band & key_ok[:, None, :, None, :]
+
+
+# sinebert's own registry: transformers' kernels (sdpa, flash_attention_2, ...) and these two, without adding them to
+# transformers' global one.
+SINEBERT_ATTENTION_FUNCTIONS = AttentionInterface()
+SINEBERT_ATTENTION_FUNCTIONS["matmul"] = matmul_attention_forward
+SINEBERT_ATTENTION_FUNCTIONS["local_blocked"] = local_attention_forward
+
+# The kernel of sliding-window layers under each attn_implementation. "eager" stays the exact reference: eager
+# attention with the band written out as a (seq, seq) mask, which returns the weights. Any other implementation has no
+# local kernel and raises instead of quietly attending to everything.
+LOCAL_ATTENTION_KERNELS = {"eager": "eager", "sdpa": "local_blocked"}
+
+
+def full_attention_kernel(
+    attn_implementation: str | None, device: torch.device, dtype: torch.dtype, scores: int = 0
+) -> str:
+    """The kernel that full attention runs under `attn_implementation` for inputs of `dtype` on `device` whose scores
+    have `scores` entries (batch * heads * q_seq * k_seq): "sdpa" becomes "matmul" for bf16 on a CPU while the scores
+    fit in MATMUL_ATTENTION_MAX_SCORES."""
+    implementation = attn_implementation or "eager"
+    cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
+    if implementation == "sdpa" and cpu_bf16 and scores <= MATMUL_ATTENTION_MAX_SCORES:
+        return "matmul"
+    return implementation
+
+
+def local_attention_kernel(attn_implementation: str | None) -> str:
+    """The kernel that sliding-window layers run under `attn_implementation`; ValueError where there is none."""
+    implementation = attn_implementation or "eager"
+    if implementation not in LOCAL_ATTENTION_KERNELS:
+        raise ValueError(
+            f"attn_implementation={implementation!r} has no sliding-window kernel; load the model with "
+            f"attn_implementation='sdpa' (blocked local kernel) or 'eager' (the reference), or set sliding_window=None."
+        )
+    return LOCAL_ATTENTION_KERNELS[implementation]

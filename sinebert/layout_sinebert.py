@@ -1,0 +1,428 @@
+"""The padding-free layout of a batch: which rows the encoder's layers compute, built once per forward pass.
+
+A padded `(batch, seq)` batch loses its padding before the layers (Portes et al., 2023, MosaicBERT; ModernBERT): the
+embeddings, projections, feed-forward layers and LayerNorms run on the `(n_real + fillers, hidden)` rows of the real
+tokens, so mixed-length batches spend no work on padding. Full attention runs on buckets of sequences of similar
+length; sliding-window attention puts the rows back into the padded batch, whose positions its windows count.
+Two more choices of rows ride on the same layout: the last layer computes only the rows a head reads
+(`output_mask`), and the layers of token dropping only the kept tokens (`kept_tokens`, Hou et al., 2022).
+
+`modeling_sinebert.py` holds the model; this file only says where its rows go. Under the eager reference nothing is
+unpadded: every position is computed as written, and token dropping is written out with masks.
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from .attention_sinebert import (
+    MATMUL_KEY_MULTIPLE,
+    full_attention_kernel,
+    local_attention_kernel,
+    local_attention_mask,
+)
+
+# A bucket of its own costs a kernel call and its copies, counted as the attention work of one sequence of 128 tokens:
+# a batch is split only where that saves more. On the SST-2 dev batches of benchmarks/speed.py (2 CPU cores, bf16),
+# costs of 64**2 to 192**2 and 2 to 4 buckets ran within 4% of each other, 128**2 among the fastest; in float32 all
+# within 1%. Long inputs of mixed lengths still split, since their attention work grows with the square of the length.
+BUCKET_COST = 128 * 128
+MAX_BUCKETS = 4
+# bf16 matrix products on a CPU (oneDNN) run slower when their rows are not a multiple of 16 and change from call to
+# call, as the real-token counts of unpadded batches do: over 28 such counts from 950 to 1,139 a (rows, 256) x (256,
+# 1024) product made 635 GFLOP/s, and 687 (counting only the real rows) with its rows rounded up to a multiple of 16
+# (same command and machine; float32 is not affected). Unpadded bf16 batches therefore carry filler rows up to it,
+# from FILLED_MIN_ROWS rows on: below them the rounding gained nothing over changing row counts and, at a fixed count,
+# cost up to a fifth more time (20 rows rounded up to 32).
+CPU_BF16_ROW_MULTIPLE = 16
+FILLED_MIN_ROWS = 256
+
+
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """`(batch, seq)` 1/0 padding mask -> boolean `(batch, 1, 1, seq)`, or None when nothing is padded (which
+    lets SDPA take its unmasked fast path)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"attention_mask must have shape (batch, seq) with 1 for tokens and 0 for padding, got shape "
+            f"{tuple(attention_mask.shape)}."
+        )
+    mask = attention_mask.bool()
+    if bool(mask.all()):
+        return None
+    return mask[:, None, None, :]
+
+
+class PaddedLayout(NamedTuple):
+    """Where `n` rows go in a padded `(batch, seq)` grid: `slots`, their places in the flattened grid, and `padding`,
+    the other places."""
+
+    slots: torch.Tensor  # (n,)
+    padding: torch.Tensor  # (batch * seq - n,)
+    batch: int
+    seq: int
+
+    @classmethod
+    def of(cls, real: torch.Tensor, slots: torch.Tensor | None = None) -> "PaddedLayout":
+        """real: `(batch, seq)` bool, True where a row goes; the rows fill those places in row-major order unless
+        `slots` gives another order."""
+        if slots is None:
+            slots = real.flatten().nonzero().squeeze(-1)
+        return cls(slots, (~real).flatten().nonzero().squeeze(-1), *real.shape)
+
+    def pad(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n, ...)` -> `(batch, seq, ...)`, zeros at the padding."""
+        # Every place written once: zeroing the whole grid first would write it twice.
+        padded = values.new_empty(self.batch * self.seq, *values.shape[1:])
+        padded.index_copy_(0, self.slots, values).index_fill_(0, self.padding, 0)
+        return padded.view(self.batch, self.seq, *values.shape[1:])
+
+    def unpad(self, values: torch.Tensor) -> torch.Tensor:
+        """`(batch, seq, ...)` -> `(n, ...)`."""
+        return values.flatten(0, 1).index_select(0, self.slots)
+
+
+class AttentionBucket(NamedTuple):
+    """Sequences of similar length whose full attention runs in one kernel call, on a `(batch, k_seq)` grid of keys and
+    values with each sequence's tokens at the front of its own row; the queries are the grid's first `q_seq` columns,
+    `q_seq` being the longest sequence."""
+
+    rows: slice  # their rows in the `(n_real, ...)` layout of TokenRows
+    # (batch, k_seq) the row of `(n_real, ...)` at each place of the grid. Places past a sequence's end repeat a real
+    # row of the bucket: they are masked as keys and dropped as queries, so nothing needs zeroing.
+    grid: torch.Tensor
+    places: tuple[torch.Tensor, torch.Tensor]  # (its rows,) twice: grid row and column of each of the bucket's rows
+    q_seq: int
+    mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
+
+
+def attention_buckets(lengths: list[int], device: torch.device, key_multiple: int = 1) -> tuple[AttentionBucket, ...]:
+    """Splits sequences of `lengths` (longest first; their rows follow one another in that order) into at most
+    MAX_BUCKETS runs of equal count, as many as make the padded attention work, sum(batch * q_seq * k_seq), plus
+    BUCKET_COST per bucket smallest; each bucket's keys are its longest rounded up to a multiple of `key_multiple`.
+    Sequences without tokens join no bucket."""
+    lengths = [n for n in lengths if n]
+    if not lengths:
+        return ()
+
+    def runs(count: int) -> list[list[int]]:
+        size = -(-len(lengths) // count)
+        return [lengths[i : i + size] for i in range(0, len(lengths), size)]
+
+    def keys(run: list[int]) -> int:
+        return -(-run[0] // key_multiple) * key_multiple
+
+    def cost(split: list[list[int]]) -> int:
+        return sum(len(run) * run[0] * keys(run) + BUCKET_COST for run in split)
+
+    splits = [runs(count) for count in range(1, MAX_BUCKETS + 1)]
+    costs = [cost(split) for split in splits]  # (not min(key=...), which torch.compile warns about)
+    buckets, start = [], 0
+    for run in splits[costs.index(min(costs))]:
+        # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
+        # were added to the embeddings), so where the padding was (left or right) does not matter.
+        counts = torch.tensor(run, device=device)[:, None]  # (batch, 1)
+        starts = start + counts.cumsum(0) - counts  # (batch, 1) the row of each sequence's first token
+        columns = torch.arange(keys(run), device=device)  # (k_seq,)
+        real = columns < counts  # (batch, k_seq)
+        grid = torch.where(real, starts + columns, start)
+        mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
+        places = real[:, : run[0]].nonzero().unbind(1)
+        buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, places, run[0], mask))
+        start += sum(run)
+    return tuple(buckets)
+
+
+class TokenRows(NamedTuple):
+    """Where the real tokens of a padded `(batch, seq)` batch sit once the padding is taken out.
+
+    The rows hold the sequences longest first, so that full attention can run on `buckets` of similar length, each
+    padded only to about its own longest; `layout` puts the rows back into the `(batch, seq)` batch. After the real
+    tokens' rows may come filler rows, copies of the first, up to a multiple of `row_multiple` rows: every layer
+    computes them, but no token attends to them and no output keeps them.
+    """
+
+    layout: PaddedLayout  # of the real tokens' rows in the batch
+    buckets: tuple[AttentionBucket, ...]
+    rows: torch.Tensor  # (n_real + fillers,) the place in the flattened batch each row comes from
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1) -> "TokenRows":
+        """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
+        `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS."""
+        real = attention_mask.bool()
+        lengths = real.sum(1)  # (batch,)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
+        layout = PaddedLayout.of(real, slots=positions[real[order]])
+        fillers = -len(layout.slots) % row_multiple if len(layout.slots) >= FILLED_MIN_ROWS else 0
+        rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
+        return cls(layout, attention_buckets(lengths[order].tolist(), real.device, key_multiple), rows)
+
+    @property
+    def n_real(self) -> int:
+        return len(self.layout.slots)
+
+    def unpad(self, values: torch.Tensor) -> torch.Tensor:
+        """`(batch, seq, ...)` -> `(n_real + fillers, ...)`."""
+        return values.flatten(0, 1).index_select(0, self.rows)
+
+    def pad(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n_real + fillers, ...)` -> `(batch, seq, ...)`, zeros at the padding; the fillers are dropped."""
+        return self.layout.pad(values[: self.n_real])
+
+    def with_fillers(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n_real, ...)` -> `(n_real + fillers, ...)`, zeros at the fillers."""
+        fillers = len(self.rows) - self.n_real
+        return torch.cat([values, values.new_zeros(fillers, *values.shape[1:])]) if fillers else values
+
+    def real_tokens(self, *inputs: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """Each of the embeddings' inputs (ids `(batch, seq)` or `inputs_embeds` `(batch, seq, hidden)`, or None) at
+        each row, as one row: `(1, n_real + fillers, ...)`. position_ids (the third), when None, become each token's
+        column, the position it has in the padded batch."""
+        grid = self.layout.batch, self.layout.seq  # (position_ids may come as one row for every sequence)
+        taken = [None if x is None else x.expand(*grid, *x.shape[2:]).flatten(0, 1)[self.rows][None] for x in inputs]
+        if taken[2] is None:
+            taken[2] = (self.rows % self.layout.seq)[None]
+        return taken
+
+    def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """Flattened `(batch * seq)` positions of real tokens -> their rows in the `(n_real, ...)` layout."""
+        slots = self.layout.slots
+        row = torch.full((self.layout.batch * self.layout.seq,), -1, dtype=torch.long, device=slots.device)
+        row[slots] = torch.arange(len(slots), device=slots.device)
+        return row[positions]
+
+
+class QueryRows(NamedTuple):
+    """The rows a head reads, which alone the last layer computes: `index` into the rows of its input, and `layout`,
+    the same rows as queries in a `(batch, queries)` grid, each sequence's in its own row."""
+
+    index: torch.Tensor  # (n_read,)
+    layout: PaddedLayout
+
+    @classmethod
+    def from_mask(cls, output_mask: torch.Tensor, tokens: TokenRows | None) -> "QueryRows":
+        read = output_mask.bool()
+        positions = read.flatten().nonzero().squeeze(-1)  # (n_read,) in the flattened batch, row-major
+        counts = read.sum(1)  # (batch,)
+        queries = torch.arange(int(counts.max()) if counts.numel() else 0, device=read.device) < counts[:, None]
+        return cls(positions if tokens is None else tokens.rows_of(positions), PaddedLayout.of(queries))
+
+
+class LayerRows(NamedTuple):
+    """What one layer computes on a padding-free batch: the `tokens` whose rows it gets (None: the padded batch),
+    and the `queries` it keeps (the last layer's rows a head reads, or None for every row)."""
+
+    tokens: TokenRows | None
+    queries: QueryRows | None
+
+    def attend(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
+               output_attentions: bool = False) -> torch.Tensor:
+        """The heads' outputs of `attention` (a SineBertAttention) before its output projection, `(rows, hidden)`:
+        every row is a key and a value, and the rows of `queries` (all where None) are the queries. No kernel of a
+        padding-free batch returns weights, so `output_attentions` only makes the kernel say so."""
+        full = attention.layer_type == "full_attention"
+        if self.queries is not None and full:
+            return self._attend_queries(attention, hidden_states, mask, output_attentions)
+        qkv = attention.qkv_proj(hidden_states)  # (n_real + fillers, 3 * hidden) or (batch, seq, 3 * hidden)
+        hidden = qkv.shape[-1] // 3
+        if self.tokens is None:
+            output, _ = attention.attend_padded(qkv, mask, output_attentions)
+        elif full:  # (n_real + fillers, hidden)
+            output = self.tokens.with_fillers(self._attend_buckets(attention, qkv, output_attentions))
+        else:  # sliding windows need the batch's own positions; padding keys are masked
+            output, _ = attention.attend_padded(self.tokens.pad(qkv), mask, output_attentions)
+            output = self.tokens.with_fillers(self.tokens.layout.unpad(output))
+        if self.queries is not None:
+            output = output.reshape(-1, hidden).index_select(0, self.queries.index)  # (n_read, hidden)
+        return output
+
+    def residual(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """A layer's input as its residual stream: only the rows of `queries` where it keeps only those."""
+        if self.queries is None:
+            return hidden_states
+        return hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, self.queries.index)
+
+    def _attend_buckets(self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool) -> torch.Tensor:
+        """qkv: `(n_real + fillers, 3 * hidden)` -> `(n_real, hidden)`, full attention within each bucket."""
+        heads, head_dim = attention.num_heads, attention.head_dim
+        parts = []
+        for bucket in self.tokens.buckets:
+            batch, k_seq = bucket.grid.shape
+            # One gather fills the grid: no zeroing, as places past a sequence's end hold a real row (see the bucket).
+            grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, heads, head_dim)
+            query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, k_seq, head_dim) each
+            attended, _ = attention.attend(query[:, :, : bucket.q_seq], key, value, bucket.mask, output_attentions)
+            parts.append(attended[bucket.places].flatten(1))  # (batch, q_seq, heads, head_dim) -> (its rows, hidden)
+        return torch.cat(parts) if parts else qkv.new_zeros(0, qkv.shape[-1] // 3)
+
+    def _attend_queries(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
+                        output_attentions: bool) -> torch.Tensor:
+        """Full attention with only the rows read as queries -> `(n_read, hidden)`: the query projection runs on
+        those rows alone."""
+        hidden, heads, head_dim = attention.out_proj.in_features, attention.num_heads, attention.head_dim
+        weight, bias = attention.qkv_proj.weight, attention.qkv_proj.bias  # (3 * hidden, hidden): query, key, value
+        rows = hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, self.queries.index)
+        query = self.queries.layout.pad(torch.nn.functional.linear(rows, weight[:hidden], bias[:hidden]))
+        key_value = torch.nn.functional.linear(hidden_states, weight[hidden:], bias[hidden:])  # every token
+        if self.tokens is not None:
+            key_value = self.tokens.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked
+        batch, seq = key_value.shape[:2]
+        query = query.view(batch, -1, heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
+        key, value = key_value.view(batch, seq, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        output, _ = attention.attend(query, key, value, mask, output_attentions)  # (batch, queries, heads, head_dim)
+        return self.queries.layout.unpad(output).flatten(1)
+
+
+def tokens_to_keep(predicted: torch.Tensor, attention_mask: torch.Tensor | None, keep: float) -> torch.Tensor:
+    """`(batch, seq)` bool, the tokens that token dropping's layers compute: every `predicted` one and, drawn at
+    random, as many others as make up `keep` of each sequence's tokens (rounded up)."""
+    real = torch.ones_like(predicted) if attention_mask is None else attention_mask.bool()
+    predicted = predicted & real
+    # Predicted tokens rank first (score 2), the others in random order (scores in [0, 1)), padding last (-1).
+    scores = torch.rand(predicted.shape, device=predicted.device)
+    scores = torch.where(predicted, 2.0, torch.where(real, scores, -1.0))
+    counts = torch.maximum((real.sum(1) * keep).ceil().long(), predicted.sum(1))  # (batch,)
+    ranks = scores.argsort(1, descending=True).argsort(1)
+    return ranks < counts[:, None]
+
+
+def unpadded_multiples(attn_implementation: str, device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
+    """(key_multiple, row_multiple) of `TokenRows.from_mask` for layers computing in `dtype` on `device`:
+    MATMUL_KEY_MULTIPLE where full attention runs the matmul kernel and CPU_BF16_ROW_MULTIPLE for the projections,
+    both for bf16 on a CPU only, else 1."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return 1, 1
+    matmul = full_attention_kernel(attn_implementation, device, dtype) == "matmul"
+    return MATMUL_KEY_MULTIPLE if matmul else 1, CPU_BF16_ROW_MULTIPLE
+
+
+class TokenLayout:
+    """Everything a forward pass decides about its rows, once: the attention masks of the padded batch (keyed by
+    layer type, as transformers keys them), the rows of the real tokens, the rows of token dropping's layers and the
+    rows the last layer keeps. `SineBertModel.forward` asks it for each layer's mask and rows.
+
+    The fast path (every attn_implementation but the reference "eager") unpads a padded batch; the reference computes
+    every position, drops tokens by masking them as keys, and selects the rows read after the last layer.
+    """
+
+    def __init__(self, config, attention_mask, output_mask, kept_tokens, shape, device, dtype, output_hidden_states):
+        fast = config._attn_implementation != "eager"
+        multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
+        self.masks = self._masks(config, attention_mask, shape[1], device)
+        self.tokens = None
+        if fast and self.masks["full_attention"] is not None:
+            self.tokens = TokenRows.from_mask(attention_mask, *multiples)
+        self.queries = self.output_mask = None
+        if output_mask is not None:
+            _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read (output_mask, "
+                              "or masked-LM labels other than -100) include padding (attention_mask 0); read real "
+                              "tokens only.")
+            self.output_mask = output_mask.bool()
+            if fast and not output_hidden_states:
+                self.queries = QueryRows.from_mask(output_mask, self.tokens)
+        self.dropping = ()  # the layers of token dropping
+        if kept_tokens is not None:
+            self._drop(config, kept_tokens.bool(), attention_mask, shape, multiples)
+        self.last_layer = config.num_hidden_layers - 1
+
+    @staticmethod
+    def _masks(config, attention_mask: torch.Tensor | None, seq: int, device: torch.device) -> dict:
+        """The padding mask `(batch, 1, 1, seq)` (or None) for full attention; for sliding-window layers the
+        written-out band `(batch or 1, 1, seq, seq)` under the eager reference, else the padding mask, from which the
+        blocked kernel builds its O(seq * window) masks."""
+        padding = padding_mask(attention_mask)
+        masks = {"full_attention": padding}
+        if "sliding_attention" in config.layer_types:
+            masks["sliding_attention"] = padding
+            if local_attention_kernel(config._attn_implementation) == "eager":  # (raises where there is none)
+                masks["sliding_attention"] = local_attention_mask(
+                    seq, config.sliding_window, config.global_attention_positions, padding, device
+                )
+        return masks
+
+    def _drop(self, config, kept: torch.Tensor, attention_mask, shape, multiples):
+        if config.token_dropping_layers is None:
+            raise ValueError("kept_tokens needs config.token_dropping_layers, the layers that compute only them.")
+        # Checked here, not in the config: a checkpoint pretrained with token dropping may be read with windows.
+        local = [i for i in config.token_dropping_range if config.layer_types[i] != "full_attention"]
+        if local:
+            raise ValueError(
+                f"token_dropping_layers={list(config.token_dropping_layers)} includes sliding-window layers "
+                f"{local}, whose windows count positions that dropping tokens would shift; drop tokens in "
+                "full-attention layers only (or set token_dropping_layers=None)."
+            )
+        _check_token_mask("kept_tokens", kept, attention_mask, shape,
+                          "kept_tokens includes padding (attention_mask 0); keep real tokens only.")
+        self.dropping, self.kept = tuple(config.token_dropping_range), kept
+        self.kept_rows = self.kept_index = None  # under the reference the kept tokens are a mask
+        if multiples is not None:
+            self.kept_rows = TokenRows.from_mask(kept, *multiples)
+            rows = self.kept_rows.rows
+            self.kept_index = rows if self.tokens is None else self.tokens.rows_of(rows)  # (n_kept + fillers,)
+
+    def embed(self, embeddings, input_ids, token_type_ids, position_ids, inputs_embeds, case_ids) -> torch.Tensor:
+        """The embeddings of the rows the first layer computes: `(n_real + fillers, hidden)` on the fast path, else
+        `(batch, seq, hidden)`."""
+        inputs = input_ids, token_type_ids, position_ids, inputs_embeds, case_ids
+        if self.tokens is None:
+            return embeddings(*inputs)
+        if embeddings.segment_match is not None or torch.compiler.is_compiling():
+            # Cross-segment matches need the batch's own rows. (Nor under torch.compile: with freezing and dynamic
+            # shapes, torch 2.13's inductor generates code for the real-token path that names an undefined size.)
+            return self.tokens.unpad(embeddings(*inputs))
+        return embeddings(*self.tokens.real_tokens(*inputs)).squeeze(0)  # the rows, embedded as one sequence
+
+    def mask(self, index: int, layer_type: str) -> torch.Tensor | None:
+        """The attention mask of layer `index`, of `layer_type`."""
+        if index in self.dropping and self.kept_rows is None:
+            return self.kept[:, None, None, :]  # the reference: dropped tokens are no keys
+        return self.masks[layer_type]
+
+    def rows(self, index: int) -> LayerRows | None:
+        """The rows layer `index` computes, or None for the padded batch (every position)."""
+        tokens = self.kept_rows if index in self.dropping else self.tokens
+        queries = self.queries if index == self.last_layer else None
+        return None if tokens is None and queries is None else LayerRows(tokens, queries)
+
+    def drop(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The states entering the first dropping layer -> its input: the kept tokens' rows on the fast path."""
+        if self.kept_rows is None:
+            return hidden_states
+        return hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, self.kept_index)
+
+    def restore(self, entered: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`entered` (the states before the first dropping layer) with the kept tokens' states replaced by
+        `hidden_states`, those after the last dropping layer (or within them, for `output_hidden_states`)."""
+        if self.kept_rows is None:
+            return torch.where(self.kept[..., None], hidden_states, entered)
+        n_kept, width = self.kept_rows.n_real, entered.shape[-1]
+        flat = entered.reshape(-1, width).index_copy(0, self.kept_index[:n_kept], hidden_states[:n_kept])
+        return flat.view_as(entered)
+
+    def padded(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Rows of every real token -> `(batch, seq, hidden)`, zeros at the padding."""
+        return hidden_states if self.tokens is None else self.tokens.pad(hidden_states)
+
+    def output(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The last layer's rows -> `last_hidden_state`: `(batch, seq, hidden)`, or `(n_read, hidden)` in row-major
+        order of `output_mask` where one was given."""
+        if self.queries is not None:
+            return hidden_states  # the last layer computed the rows read, in that order
+        hidden_states = self.padded(hidden_states)
+        if self.output_mask is not None:  # every position computed, then selected
+            return hidden_states[self.output_mask]
+        return hidden_states
+
+
+def _check_token_mask(name: str, mask: torch.Tensor, attention_mask: torch.Tensor | None, shape, on_padding: str):
+    """`mask`, the `(batch, seq)` input `name`, has the input's `shape` and is True at real tokens only (else
+    ValueError(`on_padding`))."""
+    if mask.shape != shape:
+        raise ValueError(
+            f"{name} must have the shape of the input, (batch, seq) = {tuple(shape)}, got {tuple(mask.shape)}."
+        )
+    if attention_mask is not None and bool((mask.bool() & ~attention_mask.bool()).any()):
+        raise ValueError(on_padding)
