@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 
-.PHONY: install test demo bench cram clean
+.PHONY: install test test-fast demo bench cram clean
 
 install: $(STAMP)
 
@@ -20,18 +20,22 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q
 
+# The unit tests alone (no end-to-end runs of the scripts), for development: a few minutes on 2 cores.
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+
 # DEMO=smoke (1-2 minutes) or DEMO=long (a longer, better run); the default took 16 minutes on 2 CPU cores (at most 25).
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) scripts/demo.py $(if $(DEMO),--mode $(DEMO)) $(DEMO_ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m recipes.demo $(if $(DEMO),--mode $(DEMO)) $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/speed.py
 
-# Issue 9's fixed "CPU cram" budget end to end (1 to 1.5 hours on 2 CPU cores; CRAM_ARGS=--quick for a 1-2 minute
+# The fixed "CPU cram" budget end to end (1 to 1.5 hours on 2 CPU cores; CRAM_ARGS=--quick for a 1-2 minute
 # smoke test): writes benchmarks/results/cram.{json,md}. The recipe is configs/cram/*.yaml.
 CRAM_ARGS ?=
 cram: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/cram.py $(CRAM_ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m recipes.cram $(CRAM_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

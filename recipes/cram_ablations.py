@@ -1,9 +1,9 @@
 """Short proxy experiments for the cram recipe: each lever against configs/cram/pretrain.yaml at an equal number of
 pretraining tokens, so that the machine's load changes the time a run takes but not its result.
 
-    python benchmarks/cram_ablations.py                         # every ablation (about 8 minutes each on 2 busy cores)
-    python benchmarks/cram_ablations.py --only base batch8      # some of them
-    python benchmarks/cram_ablations.py --tokens 1000000        # a longer proxy
+    python -m recipes.cram_ablations                         # every ablation (about 8 minutes each on 2 busy cores)
+    python -m recipes.cram_ablations --only base batch8      # some of them
+    python -m recipes.cram_ablations --tokens 1000000        # a longer proxy
 
 Each ablation pretrains for --tokens tokens (steps = tokens / (global batch x sequence length), the step schedule of
 the recipe), then fine-tunes an SST-2 probe from it: 400 steps on SST-2 train rows 1-20,000, scored on the last
@@ -22,9 +22,10 @@ from pathlib import Path
 import yaml
 
 from sinebert.training.arguments import read_config_file
-from sinebert.training.cram import CONFIGS, ROOT, make_launch, run_cram
-from sinebert.training.demo import detect_hardware, subprocess_env
 from sinebert.training.errors import UserError, run_cli
+
+from .cram import CONFIGS, ROOT, run_cram
+from .stages import decide_launch
 
 RESULTS = ROOT / "benchmarks" / "results"
 # name: values that replace those of configs/cram/pretrain.yaml
@@ -125,11 +126,11 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=600_000, help="Pretraining tokens of every ablation.")
     parser.add_argument("--work_dir", default="runs/cram-ablations")
     args = parser.parse_args(argv)
-    run_cram("full", stop_after="tokenizer", command="python benchmarks/cram_ablations.py")
+    run_cram("full", stop_after="tokenizer", command="python -m recipes.cram_ablations")
     work = Path(args.work_dir)
     probe = probe_split(ROOT.parent / "shared" / "data", work)
-    hardware = detect_hardware()
-    launch, env = make_launch(hardware, None, None), subprocess_env(hardware)
+    launch = decide_launch()
+    env = launch.env()
     RESULTS.mkdir(parents=True, exist_ok=True)
     log = RESULTS / "cram_ablations.jsonl"
     for name in args.only or ABLATIONS:

@@ -7,7 +7,7 @@ import platform
 import time
 from pathlib import Path
 
-from .arguments import read_config_file
+from sinebert.training.arguments import read_config_file
 
 # Measured on this budget and machine type (issue 9): Hugging Face's example pipeline (run_mlm_no_trainer.py with
 # BertForMaskedLM, then run_glue/ner/qa_no_trainer.py) and a TF-IDF + logistic regression baseline.
@@ -54,7 +54,7 @@ def budget_minutes(signature: list[str], stage: str) -> float | None:
     values = [signature[i + 1] for i, part in enumerate(signature[:-1]) if part == "--max_train_minutes"]
     if values:
         return float(values[-1])
-    config = Path(__file__).resolve().parents[2] / "configs" / "cram" / CONFIG_OF_STAGE[stage.split("-")[0]]
+    config = Path(__file__).resolve().parents[1] / "configs" / "cram" / CONFIG_OF_STAGE[stage.split("-")[0]]
     value = read_config_file(str(config)).get("max_train_minutes") if config.is_file() else None
     return None if value is None else float(value)
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
 
-from .finetune import PaddingCollator
-from .metrics.classification import compute_classification
-from .metrics.seqeval_strict import compute_entities
-from .ner import Sentence, encode_sentences
+from sinebert.training.finetune import PaddingCollator
+from sinebert.training.metrics.classification import compute_classification
+from sinebert.training.metrics.seqeval_strict import compute_entities
+from sinebert.training.ner import Sentence, encode_sentences
 
 STARTS = ("pretrained", "scratch")
 

@@ -23,7 +23,7 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import UserError
+from sinebert.training.errors import UserError
 
 
 @dataclass(frozen=True)

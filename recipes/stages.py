@@ -1,0 +1,298 @@
+"""What the demo and the cram share: how the training scripts are launched on this machine, and the stage runner.
+
+A recipe is a list of stages, each running a real script. A stage whose outputs are complete and whose command is
+unchanged is reused; an interrupted training stage resumes from its last checkpoint. `stages.json` in the output
+folder keeps what ran, with which command, and how long it took; `launch.json` keeps how the scripts are launched,
+decided at the first start and reused by every rerun, so that a rerun never changes the work it reuses.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sinebert.training.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+
+
+# ----- the machine -----
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the training scripts run: every GPU, or CPU processes that split the cores; bf16 or float32."""
+
+    gpus: int
+    processes: int
+    threads: int  # CPU threads per process
+    bf16: bool
+    why: str = ""  # the reason for the precision, said at the first start
+
+    def command(self, script: str) -> list[str]:
+        """`accelerate launch scripts/<script>` with these settings."""
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--dynamo_backend", "no",
+                   "--num_processes", str(self.processes)]
+        if self.processes > 1:
+            # On CPU-only machines the scripts then run one gloo process per copy; a free port for each rendezvous,
+            # so that parallel runs on one machine never collide.
+            command += ["--multi_gpu", "--main_process_port", str(free_port())]
+        if not self.gpus:
+            command += ["--num_cpu_threads_per_process", str(self.threads)]
+        return command + ["--mixed_precision", "bf16" if self.bf16 else "no", str(SCRIPTS / script)]
+
+    def env(self) -> dict:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        if not self.gpus:
+            env["ACCELERATE_USE_CPU"] = "true"
+        return env
+
+    def describe(self) -> str:
+        if self.gpus:
+            return f"{self.processes} GPU process{'es' if self.processes > 1 else ''}" + (", bf16" if self.bf16 else "")
+        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''} each"
+        processes = f"{self.processes} CPU process{'es' if self.processes > 1 else ''}"
+        return f"{processes}, {threads}" + (", bf16" if self.bf16 else "")
+
+
+def decide_launch(processes: int | None = None, threads: int | None = None) -> Launch:
+    """Every GPU; on a CPU, two data-parallel processes splitting the cores unless told otherwise (on the shared 2-core
+    machine two single-threaded processes trained fastest: threads of one process wait for each other at every
+    operation whenever another job holds a core). bf16 where the hardware multiplies it natively and fast."""
+    import torch
+
+    from sinebert.training.loop import cpu_bf16_is_fast
+
+    if processes is not None and processes < 1 or threads is not None and threads < 1:
+        raise UserError(f"--num_processes and --threads must be at least 1, got {processes} and {threads}.")
+    if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        bf16 = torch.cuda.is_bf16_supported()
+        return Launch(gpus, processes or gpus, 1, bf16, "the GPU " + ("supports" if bf16 else "lacks") + " bf16")
+    cores = os.cpu_count() or 1
+    processes = processes or min(2, cores)
+    bf16, why = cpu_bf16_is_fast()
+    return Launch(0, processes, threads or max(1, cores // processes), bf16, why)
+
+
+def recorded_launch(root: Path, processes: int | None = None, threads: int | None = None) -> Launch:
+    """The launch recorded in `root`/launch.json by the first start; decided (and recorded) where there is none, or
+    where `processes` or `threads` ask for another. Says which, and why."""
+    path = root / "launch.json"
+    if path.is_file():
+        launch = Launch(**json.loads(path.read_text()))
+        if (processes or launch.processes) == launch.processes and (threads or launch.threads) == launch.threads:
+            print(f"Launch as recorded at the first start in {_short(path)}: {launch.describe()} ({launch.why}).",
+                  flush=True)
+            return launch
+    launch = decide_launch(processes, threads)
+    root.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(asdict(launch), indent=1) + "\n")
+    os.replace(temporary, path)
+    print(f"Launch: {launch.describe()}, {'bf16' if launch.bf16 else 'float32'} because {launch.why}; recorded in "
+          f"{_short(path)} for every rerun.", flush=True)
+    return launch
+
+
+def free_port() -> int:
+    """A free local port for torch.distributed's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# ----- stages -----
+
+
+@dataclass
+class Stage:
+    """One step of the demo. `action` does the work; `signature` says what work (a rerun with another signature
+    starts the stage over); `outputs` exist once it is complete; `needs` are stages whose rerun forces this one.
+    `build`, when given, makes a script stage's command once the stages before it have run (it may read their
+    outputs)."""
+
+    name: str
+    title: str
+    action: Callable[["Stage", bool], None]  # (stage, resumed)
+    signature: list[str]
+    outputs: list[Path]
+    needs: tuple[str, ...] = ()
+    command: list[str] = field(default_factory=list)
+    output_dir: Path | None = None
+    resumable: bool = False
+    always: bool = False  # cheap stages that run every time (the report)
+    build: Callable[[], list[str]] | None = None
+
+
+class Ledger:
+    """stages.json: per stage its signature, whether it finished, its wall time and whether it resumed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.entries = json.loads(path.read_text()) if path.is_file() else {}
+
+    def is_done(self, stage: Stage) -> bool:
+        entry = self.entries.get(stage.name, {})
+        return entry.get("done", False) and entry.get("signature") == stage.signature and all(
+            p.exists() for p in stage.outputs
+        )
+
+    def started_same(self, stage: Stage) -> bool:
+        return self.entries.get(stage.name, {}).get("signature") == stage.signature
+
+    def start(self, stage: Stage):
+        self.entries[stage.name] = {"signature": stage.signature, "done": False}
+        self._save()
+
+    def finish(self, stage: Stage, seconds: float, resumed: bool):
+        self.entries[stage.name].update(done=True, seconds=round(seconds, 1), resumed=resumed,
+                                        finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+        self._save()
+
+    def outdated(self, stage: Stage) -> bool:
+        """Whether a finished stage is older than a stage it needs: a run stopped after rerunning the one and before
+        the other. A stage kept on purpose (`Runner.run(keep=...)`) is not outdated."""
+        entry = self.entries.get(stage.name, {})
+        if "finished" not in entry or entry.get("kept"):
+            return False
+        return any(self.entries.get(name, {}).get("finished", "") > entry["finished"] for name in stage.needs)
+
+    def mark_kept(self, stage: Stage):
+        self.entries[stage.name]["kept"] = True
+        self._save()
+
+    def seconds(self, name: str) -> float | None:
+        return self.entries.get(name, {}).get("seconds")
+
+    def _save(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.entries, indent=1) + "\n")
+        os.replace(temporary, self.path)
+
+
+def has_checkpoint(output_dir: Path) -> bool:
+    folder = output_dir / "checkpoints"
+    return folder.is_dir() and any(p.name.startswith("step_") for p in folder.iterdir())
+
+
+def run_logged(command: list[str], log_path: Path, env: dict) -> int:
+    """Run `command`, showing its output live (progress bars included) and appending it to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        log.write(f"$ {' '.join(command)}\n".encode())
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        try:
+            for chunk in iter(lambda: process.stdout.read1(65536), b""):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+                log.write(chunk)
+            return process.wait()
+        except BaseException:  # Ctrl-C or an error here: stop the stage too (its checkpoints stay for the resume)
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            raise
+
+
+class Runner:
+    """Runs the stages in order, reusing finished ones and resuming interrupted training."""
+
+    def __init__(self, root: Path, launch: "Launch"):
+        self.logs, self.launch = root / "logs", launch
+        self.ledger = Ledger(root / "stages.json")
+        self.env = launch.env()
+        self.started = time.perf_counter()
+
+    def run(self, stages: list[Stage], keep: frozenset[str] = frozenset()):
+        """`keep`: finished stages to reuse even when a stage they need reran (the user knows what they read is
+        unchanged); the ledger marks them."""
+        rerun: set[str] = set()
+        for index, stage in enumerate(stages, 1):
+            forced = self.ledger.outdated(stage) or any(name in rerun for name in stage.needs)
+            if forced and stage.name in keep and self.ledger.is_done(stage):
+                forced = False
+                self.ledger.mark_kept(stage)
+            if stage.build is not None:
+                stage.command = stage.build()
+                stage.signature = signature(stage.command)
+            elapsed = _duration(time.perf_counter() - self.started)
+            print(f"\n{'=' * 100}\n[{index}/{len(stages)}] {stage.title}   (time so far {elapsed})\n{'=' * 100}",
+                  flush=True)
+            if not forced and not stage.always and self.ledger.is_done(stage):
+                print(f"Reusing the finished stage (outputs in {_short(stage.outputs[0])}).", flush=True)
+                continue
+            self._run_stage(stage, forced)
+            rerun.add(stage.name)
+
+    def _run_stage(self, stage: Stage, forced: bool):
+        resumed = False
+        if stage.output_dir is not None:
+            resumed = stage.resumable and not forced and self.ledger.started_same(stage) and has_checkpoint(
+                stage.output_dir)
+            if not resumed and stage.output_dir.exists():
+                shutil.rmtree(stage.output_dir)  # a different or unfinished run without a checkpoint: start over
+            if resumed:
+                print(f"Resuming from the last checkpoint in {_short(stage.output_dir)}.", flush=True)
+        self.ledger.start(stage)
+        start = time.perf_counter()
+        stage.action(stage, resumed)
+        self.ledger.finish(stage, time.perf_counter() - start, resumed)
+
+    def script(self, stage: Stage, resumed: bool = False):
+        """The action of a script stage: run its command (resuming when asked) and fail with one sentence."""
+        command = stage.command + (["--resume_from_checkpoint", "latest"] if resumed else [])
+        log = self.logs / f"{stage.name}.log"
+        status = run_logged(command, log, self.env)
+        if status != 0:
+            raise UserError(
+                f"The stage '{stage.title}' failed with exit status {status}; its output is above and in "
+                f"{_short(log)}{'; run the same command again to resume it' if stage.resumable else ''}."
+            )
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    return f"{minutes}m {seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def _short(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+
+def script_stage(runner: Runner, name: str, title: str, output: Path, command: list[str], needs=(),
+                  outputs=None, resumable=False, keep_dir=False, build=None) -> Stage:
+    return Stage(name, title, runner.script, signature=signature(command),
+                 outputs=outputs or [output / "all_results.json"], needs=needs, command=command,
+                 output_dir=None if keep_dir else output, resumable=resumable, build=build)
+
+
+def signature(command: list[str]) -> list[str]:
+    """The command without what changes from run to run but not the work: the rendezvous port."""
+    return ["*" if i and command[i - 1] == "--main_process_port" else part for i, part in enumerate(command)]
+
+
+
+def start_args(start: str, checkpoint: Path) -> list[str]:
+    """Where a fine-tuning run starts: "pretrained" from `checkpoint`; "scratch" from random weights with the
+    checkpoint's architecture and tokenizer and the standard initialisation (from random weights it fine-tunes better
+    than the mimetic one pretraining starts from: README, "Quality at a fixed budget")."""
+    if start == "pretrained":
+        return ["--model_name_or_path", str(checkpoint)]
+    return ["--config_name", str(checkpoint), "--tokenizer_name", str(checkpoint), "--attention_init", "normal"]
+
+
