@@ -1,5 +1,5 @@
-"""Shared fixtures: a tiny config, a tokenizer trained on real text, the shared benchmark data, and a guard that
-fails any test that opens a network connection."""
+"""Shared fixtures: a tiny config, the committed test corpus (tests/fixtures), a tokenizer trained on its text, and a
+guard that fails any test that opens a network connection. Nothing here needs ../shared: the suite runs anywhere."""
 
 import os
 import socket
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -54,13 +53,6 @@ def no_network():
     assert socket.socket.connect is guard._guarded_connect
 
 
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"{SHARED_DATA} (the shared benchmark data) is not beside the project")
-    return SHARED_DATA
-
-
 def tiny_config(**overrides):
     from sinebert import SineBertConfig
 
@@ -73,27 +65,29 @@ def tiny_config(**overrides):
 
 
 @pytest.fixture(scope="session")
-def sst2_sentences(shared_data) -> list[str]:
-    lines = (shared_data / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    return [line.split("\t")[0] for line in lines[:4000]]
+def sentences() -> list[str]:
+    """3,400 real sentences (State of the Union addresses, tests/fixtures/sotu.txt)."""
+    from tests.fixtures import corpus
+
+    return corpus.sentences()
 
 
 @pytest.fixture(scope="session")
-def sst2_corpus(tmp_path_factory, sst2_sentences) -> Path:
-    """train.txt (3,000 real SST-2 sentences) and valid.txt (400 more), one text per line."""
+def text_corpus(tmp_path_factory, sentences) -> Path:
+    """train.txt (3,000 of the sentences) and valid.txt (400 more), one text per line."""
     folder = tmp_path_factory.mktemp("corpus")
-    (folder / "train.txt").write_text("\n".join(sst2_sentences[:3000]) + "\n", encoding="utf-8")
-    (folder / "valid.txt").write_text("\n".join(sst2_sentences[3000:3400]) + "\n", encoding="utf-8")
+    (folder / "train.txt").write_text("\n".join(sentences[:3000]) + "\n", encoding="utf-8")
+    (folder / "valid.txt").write_text("\n".join(sentences[3000:3400]) + "\n", encoding="utf-8")
     return folder
 
 
 @pytest.fixture(scope="session")
-def tokenizer_dir(tmp_path_factory, sst2_sentences) -> Path:
-    """A WordPiece tokenizer of 600 tokens trained on real SST-2 sentences, saved like the training script does."""
+def tokenizer_dir(tmp_path_factory, sentences) -> Path:
+    """A WordPiece tokenizer of 600 tokens trained on the real sentences, saved like the training script does."""
     from sinebert.training.tokenizer import train_wordpiece
 
     path = tmp_path_factory.mktemp("tokenizer")
-    train_wordpiece(sst2_sentences, vocab_size=600, min_frequency=2).save_pretrained(path)
+    train_wordpiece(sentences, vocab_size=600, min_frequency=2).save_pretrained(path)
     return path
 
 

@@ -12,9 +12,9 @@ TINY = ["--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 
 
 
 @pytest.fixture
-def files(tmp_path, sst2_sentences):
-    (tmp_path / "reviews.csv").write_text("id,review\n" + "".join(f'{i},"{s}"\n' for i, s in enumerate(sst2_sentences[:50])))
-    ascii_only = [s for s in sst2_sentences if s.isascii()][:50]
+def files(tmp_path, sentences):
+    (tmp_path / "reviews.csv").write_text("id,review\n" + "".join(f'{i},"{s}"\n' for i, s in enumerate(sentences[:50])))
+    ascii_only = [s for s in sentences if s.isascii()][:50]
     (tmp_path / "latin1.txt").write_bytes(("\n".join(ascii_only) + "\ncaf\u00e9 cr\u00e8me\n").encode("latin-1"))
     (tmp_path / "blank.txt").write_text("\n  \n\t\n\n")
     (tmp_path / "data.parquet").write_bytes(b"PAR1")

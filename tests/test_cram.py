@@ -14,7 +14,23 @@ import pytest
 from recipes import cram, cram_data, cram_report, demo_data
 from recipes.demo_data import SOURCES
 from tests.conftest import ROOT, user_error
+from tests.fixtures import corpus
 from tests.test_demo import package_registry_allowed
+
+
+@pytest.fixture(scope="session")
+def shared_layout(tmp_path_factory) -> Path:
+    """The test corpus in the layout of ../shared/data (SST-2 tsv, CoNLL-2003 text, the 48 articles of SQuAD v1.1
+    dev), so that the cram runs end to end on a clone without ../shared."""
+    folder = tmp_path_factory.mktemp("shared")
+    for name in ("sst2", "conll2003", "squad_v1.1"):
+        (folder / name).mkdir()
+    corpus.write_reviews_tsv(folder / "sst2" / "train.tsv", corpus.reviews(1500, seed=11))
+    corpus.write_reviews_tsv(folder / "sst2" / "dev.tsv", corpus.reviews(200, seed=12))
+    for split, count, seed in (("train", 1000, 13), ("valid", 200, 14), ("test", 200, 15)):
+        corpus.write_conll(folder / "conll2003" / f"{split}.txt", corpus.ner_sentences(count, seed))
+    corpus.write_squad(folder / "squad_v1.1" / "dev-v1.1.json", 480, seed=16)
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -149,7 +165,7 @@ def test_budget_minutes_come_from_the_command_line_else_the_config():
     assert cram_report.budget_minutes(["x"], "pretrain") == 18.0
 
 
-def test_unknown_stage_and_missing_shared_data_are_one_sentence(tmp_path, capsys, shared_data):
+def test_unknown_stage_and_missing_shared_data_are_one_sentence(tmp_path, capsys, shared_layout):
     line = user_error(capsys, cram, ["--quick", "--output_dir", tmp_path / "out", "--stop_after", "pretraining"])
     assert "'pretraining' is not a stage" in line and "pretrain," in line
     line = user_error(capsys, cram, ["--quick", "--output_dir", tmp_path / "out", "--shared_data",
@@ -191,10 +207,10 @@ def test_markdown_table_marks_targets_and_shows_every_stage():
 
 
 @pytest.mark.slow
-def test_quick_cram_end_to_end_then_reused(tmp_path, shared_data, sotu_cache):
+def test_quick_cram_end_to_end_then_reused(tmp_path, shared_layout, sotu_cache):
     output = tmp_path / "cram"
     command = [sys.executable, "-m", "recipes.cram", "--quick", "--output_dir", str(output),
-               "--cache_dir", str(sotu_cache), "--shared_data", str(shared_data)]
+               "--cache_dir", str(sotu_cache), "--shared_data", str(shared_layout)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 

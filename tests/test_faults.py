@@ -27,10 +27,10 @@ def command(processes: int, script: str = "scripts/pretrain.py") -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def run_args(tmp_path_factory, sst2_sentences, tokenizer_dir):
+def run_args(tmp_path_factory, sentences, tokenizer_dir):
     corpus = tmp_path_factory.mktemp("corpus")
-    (corpus / "train.txt").write_text("\n".join(sst2_sentences[:1500]) + "\n")
-    (corpus / "valid.txt").write_text("\n".join(sst2_sentences[1500:1700]) + "\n")
+    (corpus / "train.txt").write_text("\n".join(sentences[:1500]) + "\n")
+    (corpus / "valid.txt").write_text("\n".join(sentences[1500:1700]) + "\n")
     return [
         "--train_file", corpus / "train.txt", "--validation_file", corpus / "valid.txt", "--tokenizer_name",
         tokenizer_dir, "--hidden_size", 32, "--num_hidden_layers", 2, "--num_attention_heads", 2,

@@ -3,7 +3,6 @@ model trained from scratch: they beat a trivial baseline on held-out rows, and t
 pipeline that predicts what the script's own predictions file says."""
 
 import json
-import re
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from sinebert.training.metrics.squad import compute_squad
 from sinebert.training.qa import read_squad_json
 from sinebert.training.tokenizer import train_wordpiece
 from tests.conftest import launch_script, load_script, user_error
+from tests.fixtures import corpus
 
 # hidden 64, 2 layers; embeddings scaled by sqrt(hidden) so the fixed sinusoids (entries in [-1, 1]) do not drown the
 # small initial word embeddings, which lets a model trained from scratch learn within a hundred steps.
@@ -41,27 +41,27 @@ def check_saved_run(out, predictions_file: str):
     return results
 
 
-# ----- sequence classification on SST-2 -----
+# ----- sequence classification -----
 
 
 @pytest.fixture(scope="module")
-def sst2(shared_data, tmp_path_factory):
-    """3,000 SST-2 training rows, 400 dev rows (held out), and a 2,000-token tokenizer trained on the training rows."""
-    folder = tmp_path_factory.mktemp("sst2")
-    train = (shared_data / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[:3001]
-    dev = (shared_data / "sst2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[:401]
-    (folder / "train.tsv").write_text("\n".join(train) + "\n", encoding="utf-8")
-    (folder / "dev.tsv").write_text("\n".join(dev) + "\n", encoding="utf-8")
-    tokenizer = train_wordpiece([line.split("\t")[0] for line in train[1:]], vocab_size=2000, min_frequency=2)
+def reviews(tmp_path_factory):
+    """3,000 training and 400 held-out review rows of the test corpus in SST-2's layout, and a 2,000-token tokenizer
+    trained on the training rows."""
+    folder = tmp_path_factory.mktemp("reviews")
+    train, dev = corpus.reviews(3000, seed=1), corpus.reviews(400, seed=2)
+    corpus.write_reviews_tsv(folder / "train.tsv", train)
+    corpus.write_reviews_tsv(folder / "dev.tsv", dev)
+    tokenizer = train_wordpiece([text for text, _ in train], vocab_size=2000, min_frequency=2)
     tokenizer.save_pretrained(folder / "tokenizer")
     return folder
 
 
 @pytest.mark.slow
-def test_classification_beats_the_majority_class_and_the_pipeline_agrees(sst2, tmp_path):
-    out = tmp_path / "sst2"
-    launch("finetune_classification", "--train_file", sst2 / "train.tsv", "--validation_file", sst2 / "dev.tsv",
-           "--tokenizer_name", sst2 / "tokenizer", "--classifier_pooling", "mean", *TINY,
+def test_classification_beats_the_majority_class_and_the_pipeline_agrees(reviews, tmp_path):
+    out = tmp_path / "reviews"
+    launch("finetune_classification", "--train_file", reviews / "train.tsv", "--validation_file", reviews / "dev.tsv",
+           "--tokenizer_name", reviews / "tokenizer", "--classifier_pooling", "mean", *TINY,
            "--per_device_train_batch_size", 32, "--num_train_epochs", 2, "--output_dir", out)
     results = check_saved_run(out, "eval_predictions.jsonl")
     rows = read_jsonl(out / "eval_predictions.jsonl")
@@ -81,7 +81,7 @@ def test_classification_beats_the_majority_class_and_the_pipeline_agrees(sst2, t
     assert [s["score"] for s in served] == pytest.approx([row["score"] for row in rows[:12]], abs=1e-4)
 
 
-# ----- NER on CoNLL-2003 -----
+# ----- NER -----
 
 
 def conll_slice(source, sentences: int) -> str:
@@ -91,12 +91,12 @@ def conll_slice(source, sentences: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def conll(shared_data, tmp_path_factory):
-    """1,500 training and 300 validation sentences of CoNLL-2003 (IOB2), and a cased tokenizer trained on the
-    training sentences (capitals matter for names)."""
+def conll(tmp_path_factory):
+    """1,500 training and 300 validation sentences of the test corpus in CoNLL-2003's layout (IOB2), and a cased
+    tokenizer trained on the training sentences (capitals matter for names)."""
     folder = tmp_path_factory.mktemp("conll")
-    (folder / "train.txt").write_text(conll_slice(shared_data / "conll2003" / "train.txt", 1500), encoding="utf-8")
-    (folder / "valid.txt").write_text(conll_slice(shared_data / "conll2003" / "valid.txt", 300), encoding="utf-8")
+    corpus.write_conll(folder / "train.txt", corpus.ner_sentences(1500, seed=3))
+    corpus.write_conll(folder / "valid.txt", corpus.ner_sentences(300, seed=4))
     sentences = [" ".join(line.split()[0] for line in block.splitlines() if line.strip())
                  for block in (folder / "train.txt").read_text().split("\n\n")]
     train_wordpiece(sentences, vocab_size=2000, min_frequency=2, lowercase=False).save_pretrained(folder / "tokenizer")
@@ -163,33 +163,17 @@ def test_ner_on_two_processes_trains_an_epoch_once_and_gathers_every_sentence_on
     assert_token_pipeline_agrees(out, rows[:8])
 
 
-# ----- extractive QA on SQuAD -----
-
-# A tiny model trained from scratch for seconds does not learn general reading comprehension: measured here, 400
-# steps on 3,281 squad_train questions of every kind reach F1 about 8, no better than the first 4-5 words of the
-# context. It does learn answer types quickly, so the test uses the questions that ask for a date or a number.
-NUMBER_QUESTION = re.compile(r"^\s*(when|what year|in what year|in which year|how many|how much)\b", re.IGNORECASE)
-
-
-def squad_subset(articles: list[dict]) -> dict:
-    kept = []
-    for article in articles:
-        paragraphs = [{**p, "qas": [q for q in p["qas"] if NUMBER_QUESTION.match(q["question"])]}
-                      for p in article["paragraphs"]]
-        kept.append({**article, "paragraphs": [p for p in paragraphs if p["qas"]]})
-    return {"version": "1.1", "data": kept}
-
+# ----- extractive QA -----
 
 @pytest.fixture(scope="module")
-def squad(shared_data, tmp_path_factory):
-    """squad_train (articles 0-37) and squad_eval (38-47) as SQuAD JSON, date and number questions only (1,335 and
-    271), and a tokenizer trained on squad_train contexts and questions."""
+def squad(tmp_path_factory):
+    """The test corpus's QA sets in SQuAD v1.1 JSON (250 paragraphs, 1,500 questions, to train; 50 paragraphs, 300
+    questions, to evaluate), and a tokenizer trained on the training contexts and questions."""
     folder = tmp_path_factory.mktemp("squad")
-    articles = json.loads((shared_data / "squad_v1.1" / "dev-v1.1.json").read_text(encoding="utf-8"))["data"]
-    (folder / "train.json").write_text(json.dumps(squad_subset(articles[:38])), encoding="utf-8")
-    (folder / "eval.json").write_text(json.dumps(squad_subset(articles[38:])), encoding="utf-8")
-    texts = [p["context"] for a in articles[:38] for p in a["paragraphs"]]
-    texts += [q["question"] for a in articles[:38] for p in a["paragraphs"] for q in p["qas"]]
+    train = corpus.write_squad(folder / "train.json", 250, seed=5)
+    corpus.write_squad(folder / "eval.json", 50, seed=6)
+    paragraphs = [p for article in train["data"] for p in article["paragraphs"]]
+    texts = [p["context"] for p in paragraphs] + [q["question"] for p in paragraphs for q in p["qas"]]
     train_wordpiece(texts, vocab_size=3000, min_frequency=2).save_pretrained(folder / "tokenizer")
     return folder
 
@@ -207,7 +191,7 @@ def test_qa_beats_the_first_words_of_the_context_and_the_pipeline_agrees(squad, 
     predictions = json.loads((out / "eval_predictions.json").read_text())
     questions = read_squad_json(str(squad / "eval.json"))
     references = {q["id"]: q["answers"]["text"] for q in questions}
-    assert set(predictions) == set(references) and len(references) == 271
+    assert set(predictions) == set(references) and len(references) == 300
     assert compute_squad(predictions, references)["f1"] == pytest.approx(results["eval_f1"])
     # The trivial baseline answers with the first k words of the context; its best k in 1..10 scores F1 about 9
     # here. One epoch (about 120 steps) reaches F1 about 30 by picking the right kind of answer.

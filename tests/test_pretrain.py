@@ -1,4 +1,4 @@
-"""scripts/pretrain.py end to end through `accelerate launch`, on real SST-2 sentences with a tiny model."""
+"""scripts/pretrain.py end to end through `accelerate launch`, on real sentences (tests/fixtures) with a tiny model."""
 
 import collections
 import json
@@ -34,14 +34,14 @@ def train_losses(folder) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows(folder) if "loss" in r}
 
 
-def data(sst2_corpus, tokenizer_dir):
-    return ["--train_file", sst2_corpus / "train.txt", "--validation_file", sst2_corpus / "valid.txt",
+def data(text_corpus, tokenizer_dir):
+    return ["--train_file", text_corpus / "train.txt", "--validation_file", text_corpus / "valid.txt",
             "--tokenizer_name", tokenizer_dir]
 
 
-def test_one_process_learns_and_the_result_serves(sst2_corpus, tokenizer_dir, tmp_path):
+def test_one_process_learns_and_the_result_serves(text_corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "run"
-    launch(*data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 16, "--max_train_steps", 60,
+    launch(*data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 16, "--max_train_steps", 60,
            "--eval_steps", 30, "--output_dir", out)
     evals = [r for r in rows(out) if "eval_loss" in r]
     assert [r["step"] for r in evals] == [0, 30, 60]
@@ -58,8 +58,8 @@ def test_one_process_learns_and_the_result_serves(sst2_corpus, tokenizer_dir, tm
     assert len(predictions) == 5 and predictions[0]["score"] > predictions[-1]["score"]
 
 
-def test_two_processes_match_one_process_with_twice_the_batch(sst2_corpus, tokenizer_dir, tmp_path):
-    common = [*data(sst2_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--max_train_steps", 12, "--eval_steps", 12]
+def test_two_processes_match_one_process_with_twice_the_batch(text_corpus, tokenizer_dir, tmp_path):
+    common = [*data(text_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--max_train_steps", 12, "--eval_steps", 12]
     launch(*common, "--per_device_train_batch_size", 16, "--output_dir", tmp_path / "one")
     launch(*common, "--per_device_train_batch_size", 8, "--output_dir", tmp_path / "two", processes=2)
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
@@ -72,9 +72,9 @@ def test_two_processes_match_one_process_with_twice_the_batch(sst2_corpus, token
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
 
 
-def test_resume_continues_exactly(sst2_corpus, tokenizer_dir, tmp_path, capsys):
+def test_resume_continues_exactly(text_corpus, tokenizer_dir, tmp_path, capsys):
     # With token dropping, whose draw of the tokens to keep must resume exactly too.
-    common = [*data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
+    common = [*data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
               "--eval_steps", 12, "--checkpointing_steps", 8, "--checkpoints_total_limit", 3,
               "--token_dropping_layers", 0, -1]
     launch(*common, "--output_dir", tmp_path / "full")
@@ -109,14 +109,14 @@ def consumed_tokens(folder, processes: int) -> collections.Counter:
 
 
 @pytest.mark.parametrize("processes", [1, 2])
-def test_streaming_reads_every_line_once_per_epoch(sst2_corpus, tokenizer_dir, tmp_path, processes):
+def test_streaming_reads_every_line_once_per_epoch(text_corpus, tokenizer_dir, tmp_path, processes):
     out = tmp_path / "stream"
     # 3000 lines of ~20 tokens = ~940 blocks of 64: 40 steps of 16 blocks cover the first epoch and part of the next.
-    launch(*data(sst2_corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--per_device_train_batch_size",
+    launch(*data(text_corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--per_device_train_batch_size",
            16 // processes, "--max_train_steps", 70, "--eval_steps", 70, "--output_dir", out, processes=processes)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     expected = collections.Counter()
-    for line in (sst2_corpus / "train.txt").read_text().splitlines():
+    for line in (text_corpus / "train.txt").read_text().splitlines():
         expected.update(tokenizer(line, add_special_tokens=False)["input_ids"])
     consumed = consumed_tokens(out, processes)
     for special in (tokenizer.cls_token_id, tokenizer.sep_token_id):
@@ -124,11 +124,11 @@ def test_streaming_reads_every_line_once_per_epoch(sst2_corpus, tokenizer_dir, t
     assert consumed == expected
 
 
-def test_config_file_supplies_arguments_and_rejects_unknown_keys(sst2_corpus, tokenizer_dir, tmp_path, capsys):
+def test_config_file_supplies_arguments_and_rejects_unknown_keys(text_corpus, tokenizer_dir, tmp_path, capsys):
     pretrain = load_script("pretrain")
     config = tmp_path / "run.yaml"
     config.write_text(
-        f"train_file: [{sst2_corpus / 'train.txt'}]\nvalidation_file: [{sst2_corpus / 'valid.txt'}]\n"
+        f"train_file: [{text_corpus / 'train.txt'}]\nvalidation_file: [{text_corpus / 'valid.txt'}]\n"
         f"tokenizer_name: {tokenizer_dir}\nhidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\n"
         "intermediate_size: 64\nmax_seq_length: 32\nmax_train_steps: 3\nper_device_train_batch_size: 4\n"
         "max_eval_samples: 8\nlogging_steps: 1\n"
@@ -144,32 +144,32 @@ def test_config_file_supplies_arguments_and_rejects_unknown_keys(sst2_corpus, to
     assert "unknown keys ['hiden_size']" in message and "hidden_size" in message
 
 
-def test_refuses_to_overwrite_another_run_and_checks_the_tokenizer(sst2_corpus, tokenizer_dir, tmp_path, capsys):
+def test_refuses_to_overwrite_another_run_and_checks_the_tokenizer(text_corpus, tokenizer_dir, tmp_path, capsys):
     pretrain = load_script("pretrain")
     out = tmp_path / "busy"
     out.mkdir()
     (out / "notes.txt").write_text("someone else's run")
-    argv = [*data(sst2_corpus, tokenizer_dir), *TINY, "--max_train_steps", 1, "--output_dir", out]
+    argv = [*data(text_corpus, tokenizer_dir), *TINY, "--max_train_steps", 1, "--output_dir", out]
     assert "already holds files from another run" in user_error(capsys, pretrain, argv)
     assert (out / "notes.txt").read_text() == "someone else's run"
     small = tmp_path / "small.json"
     small.write_text(json.dumps({"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1,
                                  "num_attention_heads": 2, "intermediate_size": 64}))
-    argv = [*data(sst2_corpus, tokenizer_dir), "--config_name", small, "--max_train_steps", 1,
+    argv = [*data(text_corpus, tokenizer_dir), "--config_name", small, "--max_train_steps", 1,
             "--output_dir", tmp_path / "new"]
     assert "The tokenizer has 600 tokens but the model's vocab_size is 100" in user_error(capsys, pretrain, argv)
-    argv = [*data(sst2_corpus, tokenizer_dir), *TINY, "--letter_case", "--output_dir", tmp_path / "cased"]
+    argv = [*data(text_corpus, tokenizer_dir), *TINY, "--letter_case", "--output_dir", tmp_path / "cased"]
     assert "Pretraining cannot give the model letter case" in user_error(capsys, pretrain, argv)
 
 
 def test_two_processes_refuse_a_busy_output_dir_with_one_sentence_and_no_traceback_of_the_second(
-    sst2_corpus, tokenizer_dir, tmp_path
+    text_corpus, tokenizer_dir, tmp_path
 ):
     out = tmp_path / "busy"
     out.mkdir()
     (out / "notes.txt").write_text("someone else's run")
     command = accelerate_command(str(ROOT / "scripts" / "pretrain.py"), processes=2)
-    argv = [*data(sst2_corpus, tokenizer_dir), *TINY, "--max_train_steps", 1, "--output_dir", out]
+    argv = [*data(text_corpus, tokenizer_dir), *TINY, "--max_train_steps", 1, "--output_dir", out]
     result = subprocess.run([*command, *map(str, argv)], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "ACCELERATE_USE_CPU": "true"}, cwd=ROOT)
     assert result.returncode != 0
@@ -179,10 +179,10 @@ def test_two_processes_refuse_a_busy_output_dir_with_one_sentence_and_no_traceba
     assert (out / "notes.txt").read_text() == "someone else's run"
 
 
-def test_time_budget_sets_the_length_and_the_schedule(sst2_corpus, tokenizer_dir, tmp_path):
+def test_time_budget_sets_the_length_and_the_schedule(text_corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "budget"
     load_script("pretrain").main([str(a) for a in [
-        *data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_minutes", 0.1,
+        *data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_minutes", 0.1,
         "--warmup_ratio", 0.2, "--lr_scheduler_type", "linear", "--logging_steps", 1, "--output_dir", out]])
     results = json.loads((out / "all_results.json").read_text())
     assert results["stopped_early"] == "time budget" and 6 <= results["train_seconds"] < 30
@@ -193,9 +193,9 @@ def test_time_budget_sets_the_length_and_the_schedule(sst2_corpus, tokenizer_dir
     assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))
 
 
-def test_token_dropping_flags_set_the_config_and_bad_values_are_one_sentence(sst2_corpus, tokenizer_dir, tmp_path,
+def test_token_dropping_flags_set_the_config_and_bad_values_are_one_sentence(text_corpus, tokenizer_dir, tmp_path,
                                                                           capsys):
-    common = [*data(sst2_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,
+    common = [*data(text_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,
               "--max_train_steps", 2, "--max_eval_samples", 8]
     out = tmp_path / "dropping"
     load_script("pretrain").main([str(a) for a in [
@@ -213,10 +213,10 @@ def test_token_dropping_flags_set_the_config_and_bad_values_are_one_sentence(sst
     assert "Invalid model configuration over" in message and "token_dropping_keep must be in (0, 1], got 2.0" in message
 
 
-def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(sst2_corpus, tokenizer_dir, tmp_path):
+def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(text_corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "local"
     load_script("pretrain").main([str(a) for a in [
-        *data(sst2_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,
+        *data(text_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,
         "--max_train_steps", 2, "--max_eval_samples", 8, "--sliding_window", 4, "--global_attn_every_n_layers", 2,
         "--global_attention_positions", 0, "--output_dir", out]])
     kernels = json.loads((out / "all_results.json").read_text())["attention_kernels"]
@@ -228,7 +228,7 @@ def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(sst2_co
     # over a checkpoint too.
     full = tmp_path / "full"
     load_script("pretrain").main([str(a) for a in [
-        *data(sst2_corpus, tokenizer_dir), "--model_name_or_path", out, "--per_device_train_batch_size", 4,
+        *data(text_corpus, tokenizer_dir), "--model_name_or_path", out, "--per_device_train_batch_size", 4,
         "--max_train_steps", 1, "--max_eval_samples", 8, "--sliding_window", 0, "--hidden_dropout_prob", 0.2,
         "--output_dir", full]])
     assert json.loads((full / "all_results.json").read_text())["attention_kernels"] == ["full_attention via sdpa"] * 2
@@ -261,7 +261,7 @@ def test_mixed_lengths_pick_short_steps_by_seed_and_step_only():
     assert all(MixedLengths(16, 1.0, 3, 0).is_short(s) for s in range(100))
 
 
-def test_mixed_lengths_train_on_short_and_long_blocks(sst2_corpus, tokenizer_dir, tmp_path, monkeypatch, capsys):
+def test_mixed_lengths_train_on_short_and_long_blocks(text_corpus, tokenizer_dir, tmp_path, monkeypatch, capsys):
     from sinebert import SineBertForMaskedLM
     from sinebert.training.mlm import MixedLengths
 
@@ -274,7 +274,7 @@ def test_mixed_lengths_train_on_short_and_long_blocks(sst2_corpus, tokenizer_dir
 
     monkeypatch.setattr(SineBertForMaskedLM, "forward", recording)
     pretrain, steps = load_script("pretrain"), 12
-    base = [*data(sst2_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 4, "--max_train_steps", steps,
+    base = [*data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 4, "--max_train_steps", steps,
             "--max_eval_samples", 8, "--seed", 5]
     pretrain.main([str(a) for a in [*base, "--short_seq_length", 16, "--short_seq_probability", 0.5,
                                     "--output_dir", tmp_path / "mixed"]])

@@ -1,8 +1,17 @@
-"""The README's usage section runs as written."""
+"""The README's usage section runs as written, and every command in the README and in docs/ names a make target, a
+script or module that exists, with flags that its parser accepts."""
 
 import re
+import shlex
+import subprocess
+import sys
+from functools import cache
+
+import pytest
 
 from tests.conftest import ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def test_readme_usage_runs(tmp_path, monkeypatch, capsys):
@@ -15,4 +24,47 @@ def test_readme_usage_runs(tmp_path, monkeypatch, capsys):
         exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-1].startswith("{") and "'answer'" in printed[-1]
+    assert printed[-2].startswith("['full_attention via ")  # attention_kernels()
     assert (tmp_path / "runs" / "usage" / "qa" / "pipeline_sinebert.py").is_file()
+
+
+def commands() -> list[tuple[str, str]]:
+    """(page, command) for every command line of the pages' bash blocks, continuation lines joined."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split("  #")[0].strip()
+                if line and not line.startswith("#"):
+                    found.append((page.name, line))
+    return found
+
+
+@cache
+def help_text(*program: str) -> str:
+    result = subprocess.run([sys.executable, *program, "--help"], capture_output=True, text=True, timeout=300,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize(("page", "command"), commands())
+def test_every_documented_command_names_what_exists_with_flags_it_accepts(page, command):
+    words = [word for word in shlex.split(command) if "=" not in word or word.startswith("-")]
+    if words[0] == "make":
+        targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M)
+        assert words[1] in targets, command
+        return
+    if "-m" in words:
+        module = words[words.index("-m") + 1]
+        program, rest = ["-m", module], words[words.index("-m") + 2 :]
+        assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), command
+    else:
+        script = next(word for word in words if word.endswith(".py"))
+        program, rest = [script], words[words.index(script) + 1 :]
+        assert (ROOT / script).is_file(), command
+    if rest and not rest[0].startswith("-") and rest[0] != "...":
+        program, rest = [*program, rest[0]], rest[1:]  # a subcommand
+    accepted = help_text(*program)
+    for flag in (word.split("=")[0] for word in rest if word.startswith("--")):
+        assert re.search(rf"{re.escape(flag)}\b", accepted), f"{page}: {flag} is not an option of {' '.join(program)}"

@@ -26,8 +26,8 @@ class Exploit:
 
 
 @pytest.fixture
-def corpus(tmp_path, sst2_sentences):
-    (tmp_path / "train.txt").write_text("\n".join(sst2_sentences[:300]) + "\n")
+def corpus(tmp_path, sentences):
+    (tmp_path / "train.txt").write_text("\n".join(sentences[:300]) + "\n")
     return ["--train_file", tmp_path / "train.txt", "--validation_split_percentage", 10, "--max_seq_length", 32,
             "--per_device_train_batch_size", 4, "--logging_steps", 1]
 

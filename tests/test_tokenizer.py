@@ -18,10 +18,10 @@ def run_script(*args):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, sst2_sentences):
+def corpus(tmp_path_factory, sentences):
     folder = tmp_path_factory.mktemp("corpus")
-    (folder / "part1.txt").write_text("\n".join(sst2_sentences[:2000]) + "\n\n   \n", encoding="utf-8")
-    (folder / "part2.txt").write_text("\n".join(sst2_sentences[2000:]) + "\n", encoding="utf-8")
+    (folder / "part1.txt").write_text("\n".join(sentences[:2000]) + "\n\n   \n", encoding="utf-8")
+    (folder / "part2.txt").write_text("\n".join(sentences[2000:]) + "\n", encoding="utf-8")
     return folder
 
 
@@ -41,10 +41,10 @@ def test_trains_on_globbed_text_files_and_reloads(corpus, tmp_path):
     assert tokenizer.decode(tokenizer("The Movie")["input_ids"], skip_special_tokens=True) == "the movie"
 
 
-def test_training_twice_on_the_same_text_gives_the_same_ids(sst2_sentences):
+def test_training_twice_on_the_same_text_gives_the_same_ids(sentences):
     """The WordPiece trainer numbers its '##' pieces in hash-map order; without renumbering, each of these trainings
     gave other ids to the same tokens, and a model is only valid with the ids it was trained with."""
-    tokenizers = [train_wordpiece(sst2_sentences[:3000], vocab_size=700) for _ in range(4)]
+    tokenizers = [train_wordpiece(sentences[:3000], vocab_size=700) for _ in range(4)]
     assert len({tokenizer.backend_tokenizer.to_str() for tokenizer in tokenizers}) == 1
     assert tokenizers[0].convert_tokens_to_ids(list(SPECIAL_TOKENS.values())) == [0, 1, 2, 3, 4]
 
@@ -59,12 +59,12 @@ def test_pairs_get_segment_ids(corpus, tmp_path):
     assert set(types[: first_sep + 1]) == {0} and set(types[first_sep + 1 :]) == {1}
 
 
-def test_cased_csv_column_and_special_tokens(tmp_path, sst2_sentences):
+def test_cased_csv_column_and_special_tokens(tmp_path, sentences):
     table = tmp_path / "reviews.csv"
     with table.open("w", newline="", encoding="utf-8") as file:
         writer = csv.writer(file)
         writer.writerow(["id", "review"])
-        writer.writerows([i, s.capitalize()] for i, s in enumerate(sst2_sentences[:1500]))
+        writer.writerows([i, s.capitalize()] for i, s in enumerate(sentences[:1500]))
     run_script("--train_file", table, "--text_column_name", "review", "--no-lowercase", "--vocab_size", 400,
                "--mask_token", "<mask>", "--output_dir", tmp_path / "tok")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")

@@ -44,16 +44,16 @@ def test_cbow_learns_which_tokens_share_contexts():
 
 
 @pytest.fixture(scope="module")
-def embeddings(sst2_corpus, tokenizer_dir, tmp_path_factory):
+def embeddings(text_corpus, tokenizer_dir, tmp_path_factory):
     output = tmp_path_factory.mktemp("embeddings")
     load_script("train_word_embeddings").main([str(a) for a in [
-        "--train_file", sst2_corpus / "train.txt", "--tokenizer_name", tokenizer_dir, "--embedding_size", 64,
+        "--train_file", text_corpus / "train.txt", "--tokenizer_name", tokenizer_dir, "--embedding_size", 64,
         "--max_train_steps", 40, "--batch_size", 1024, "--output_dir", output, "--overwrite_output_dir"]])
     return output
 
 
-def pretrain_args(sst2_corpus, tokenizer_dir, output, *extra):
-    return [str(a) for a in ["--train_file", sst2_corpus / "train.txt", "--validation_file", sst2_corpus / "valid.txt",
+def pretrain_args(text_corpus, tokenizer_dir, output, *extra):
+    return [str(a) for a in ["--train_file", text_corpus / "train.txt", "--validation_file", text_corpus / "valid.txt",
                              "--tokenizer_name", tokenizer_dir, *TINY, "--per_device_train_batch_size", 4,
                              "--max_eval_samples", 8, "--output_dir", output, *extra]]
 
@@ -68,11 +68,11 @@ def test_script_writes_embeddings_tied_to_the_tokenizer(embeddings, tokenizer_di
     assert not (embeddings / "word_embeddings.partial").exists()  # written atomically
 
 
-def test_pretraining_starts_from_the_embeddings(embeddings, sst2_corpus, tokenizer_dir, tmp_path, capsys):
+def test_pretraining_starts_from_the_embeddings(embeddings, text_corpus, tokenizer_dir, tmp_path, capsys):
     from transformers import AutoTokenizer
 
     out = tmp_path / "pretrain"
-    load_script("pretrain").main(pretrain_args(sst2_corpus, tokenizer_dir, out, "--max_train_steps", 2,
+    load_script("pretrain").main(pretrain_args(text_corpus, tokenizer_dir, out, "--max_train_steps", 2,
                                                "--learning_rate", "1e-3", "--init_word_embeddings", embeddings))
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     expected = load_word_embeddings(str(embeddings), tokenizer, 64, std=0.02)
@@ -82,28 +82,28 @@ def test_pretraining_starts_from_the_embeddings(embeddings, sst2_corpus, tokeniz
     assert abs(expected.std().item() - 0.02) < 1e-4
     assert "word embeddings" in (out / "README.md").read_text()
     error = user_error(capsys, load_script("pretrain"), pretrain_args(
-        sst2_corpus, tokenizer_dir, tmp_path / "again", "--max_train_steps", 1, "--model_name_or_path", out,
+        text_corpus, tokenizer_dir, tmp_path / "again", "--max_train_steps", 1, "--model_name_or_path", out,
         "--init_word_embeddings", embeddings))
     assert "give only one of the two" in error
 
 
-def test_bad_embeddings_get_one_clear_error(embeddings, sst2_corpus, tokenizer_dir, tmp_path, capsys):
+def test_bad_embeddings_get_one_clear_error(embeddings, text_corpus, tokenizer_dir, tmp_path, capsys):
     from sinebert.training.tokenizer import train_wordpiece
 
     pretrain = load_script("pretrain")
-    error = user_error(capsys, pretrain, pretrain_args(sst2_corpus, tokenizer_dir, tmp_path / "a",
+    error = user_error(capsys, pretrain, pretrain_args(text_corpus, tokenizer_dir, tmp_path / "a",
                                                        "--max_train_steps", 1, "--hidden_size", 32,
                                                        "--init_word_embeddings", embeddings))
     assert "has vectors of size 64 but the model's hidden_size is 32" in error
     other = tmp_path / "other-tokenizer"
     train_wordpiece(["a few words of other text"] * 50, vocab_size=200, min_frequency=1).save_pretrained(other)
-    error = user_error(capsys, pretrain, pretrain_args(sst2_corpus, other, tmp_path / "b", "--max_train_steps", 1,
+    error = user_error(capsys, pretrain, pretrain_args(text_corpus, other, tmp_path / "b", "--max_train_steps", 1,
                                                        "--init_word_embeddings", embeddings))
     assert "was trained with another tokenizer" in error
-    error = user_error(capsys, pretrain, pretrain_args(sst2_corpus, tokenizer_dir, tmp_path / "c",
+    error = user_error(capsys, pretrain, pretrain_args(text_corpus, tokenizer_dir, tmp_path / "c",
                                                        "--max_train_steps", 1, "--init_word_embeddings", tmp_path))
     assert f"no {FILE_NAME} there" in error
     script = load_script("train_word_embeddings")
-    error = user_error(capsys, script, ["--train_file", sst2_corpus / "train.txt", "--tokenizer_name", tokenizer_dir,
+    error = user_error(capsys, script, ["--train_file", text_corpus / "train.txt", "--tokenizer_name", tokenizer_dir,
                                         "--output_dir", tmp_path / "d"])
     assert "Give a budget with --max_train_minutes or --max_train_steps." in error

@@ -212,7 +212,7 @@ def answer_windows(rows: list[dict], windows: list[Window], examples: list[QAExa
 
     The other windows of an answered question are labelled [CLS], which evaluation under SQuAD v1.1 never predicts;
     with 128-token windows they are half of squad_train's (10,197 of 21,156), and leaving them out came within a
-    point of the squad_eval F1 of all windows in half the steps (README "Quality at a fixed budget")."""
+    point of the squad_eval F1 of all windows in half the steps (docs/QUALITY.md)."""
     return [row for row, window in zip(rows, windows)
             if row["start_positions"] != 0 or not examples[window.example].answers]
 
