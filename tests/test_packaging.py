@@ -45,9 +45,10 @@ def _code_strings(path) -> list[tuple[int, str]]:
 
 
 def test_no_module_of_the_package_names_a_path_outside_it():
-    outside = re.compile(r"^(shared|scripts|configs|benchmarks|recipes)$|\.\./|shared/data")
+    outside = re.compile(r"^(shared|scripts|configs|benchmarks|recipes)$|\.\./|shared[/]data")
     hits = [f"{path.relative_to(ROOT)}:{line} {text!r}" for path in (ROOT / "sinebert").rglob("*.py")
             for line, text in _code_strings(path) if outside.search(text)]
     assert hits == []
-    parents = [str(path) for path in (ROOT / "sinebert").rglob("*.py") if re.search(r"parents\[[1-9]\]", path.read_text())]
+    parents = [str(path) for path in (ROOT / "sinebert").rglob("*.py")
+               if re.search(r"parents\[[1-9]\]", path.read_text())]
     assert parents == []
