@@ -111,9 +111,9 @@ def consumed_tokens(folder, processes: int) -> collections.Counter:
 @pytest.mark.parametrize("processes", [1, 2])
 def test_streaming_reads_every_line_once_per_epoch(text_corpus, tokenizer_dir, tmp_path, processes):
     out = tmp_path / "stream"
-    # 3000 lines of ~20 tokens = ~940 blocks of 64: 40 steps of 16 blocks cover the first epoch and part of the next.
+    # 3000 lines of ~27 tokens = ~1,270 blocks of 64: 100 steps of 16 blocks cover the first epoch and part of the next.
     launch(*data(text_corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--per_device_train_batch_size",
-           16 // processes, "--max_train_steps", 70, "--eval_steps", 70, "--output_dir", out, processes=processes)
+           16 // processes, "--max_train_steps", 100, "--eval_steps", 100, "--output_dir", out, processes=processes)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     expected = collections.Counter()
     for line in (text_corpus / "train.txt").read_text().splitlines():

@@ -37,7 +37,8 @@ def pack_dataset(dataset: Dataset | IterableDataset, tokenizer, block_size: int,
     """Map a text dataset to packed blocks (`input_ids`); map-style datasets also get an `example_id`."""
     if block_size < 3:
         raise UserError(f"--max_seq_length {block_size} is too short: a block needs [CLS], a token and [SEP].")
-    kwargs = dict(batched=True, batch_size=1000, remove_columns=dataset.column_names,
+    # A streamed text file does not know its columns before it is read (column_names None): its one column is the text.
+    kwargs = dict(batched=True, batch_size=1000, remove_columns=dataset.column_names or [text_column],
                   fn_kwargs=dict(tokenizer=tokenizer, block_size=block_size, text_column=text_column))
     if isinstance(dataset, IterableDataset):
         return dataset.map(_pack_batch, **kwargs)
