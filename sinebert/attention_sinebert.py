@@ -6,10 +6,15 @@ mask (True where a query may attend) and an output `(batch, q_seq, heads, head_d
 `eager_attention_forward`, lives in `modeling_sinebert.py`.
 
     kernel         what it runs                                        where
-    sdpa           PyTorch's scaled_dot_product_attention              full attention under "sdpa"
+    varlen         FlashAttention over the sequences packed in a row   full attention under "sdpa", bf16/fp16 on CUDA
+    sdpa           PyTorch's scaled_dot_product_attention              full attention under "sdpa" elsewhere
     matmul         two batched matmuls and a softmax in the dtype      the same, for bf16 on a CPU
     local_blocked  sliding windows in O(seq * window) memory           sliding-window layers under "sdpa"
     eager          the reference, with weights (the band as a mask)    every layer under "eager"
+
+"varlen" takes the padding-free layout's rows as they are, all sequences one after another in one row (as
+transformers' flash_attention_2 takes packed sequences): query/key/value `(1, heads, total, head_dim)` and the
+sequences' boundaries `cu_seq_lens_q` / `cu_seq_lens_k`. The other kernels take a `(batch, seq)` grid and a mask.
 """
 
 import torch
@@ -174,11 +179,45 @@ def _local_block_mask(
     return in_band & key_ok[:, None, :, None, :]
 
 
-# sinebert's own registry: transformers' kernels (sdpa, flash_attention_2, ...) and these two, without adding them to
-# transformers' global one.
+def _varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k) -> torch.Tensor:
+    """PyTorch's variable-length FlashAttention (CUDA, bf16 or fp16): `(total, heads, head_dim)` in and out."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
+
+
+def varlen_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Full attention within each of the sequences packed one after another: query/key/value `(1, heads, total,
+    head_dim)`, sequence i at rows cu_seq_lens[i]:cu_seq_lens[i + 1], no mask. Returns `(1, total, heads, head_dim)`.
+
+    The kernel scales by head_dim**-0.5, sinebert's scaling; it has no dropout, so layers that drop attention
+    weights (training with attention_probs_dropout_prob > 0) run the length buckets instead (`packed_attention`)."""
+    if dropout:
+        raise ValueError(f"The varlen kernel has no attention dropout, got {dropout}; see packed_attention.")
+    query, key, value = (tensor[0].transpose(0, 1) for tensor in (query, key, value))  # (total, heads, head_dim)
+    output = _varlen_attn(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
+    return output[None], None
+
+
+# sinebert's own registry: transformers' kernels (sdpa, flash_attention_2, ...) and these three, without adding them
+# to transformers' global one.
 SINEBERT_ATTENTION_FUNCTIONS = AttentionInterface()
 SINEBERT_ATTENTION_FUNCTIONS["matmul"] = matmul_attention_forward
 SINEBERT_ATTENTION_FUNCTIONS["local_blocked"] = local_attention_forward
+SINEBERT_ATTENTION_FUNCTIONS["varlen"] = varlen_attention_forward
 
 # The kernel of sliding-window layers under each attn_implementation. "eager" stays the exact reference: eager
 # attention with the band written out as a (seq, seq) mask, which returns the weights. Any other implementation has no
@@ -186,12 +225,34 @@ SINEBERT_ATTENTION_FUNCTIONS["local_blocked"] = local_attention_forward
 LOCAL_ATTENTION_KERNELS = {"eager": "eager", "sdpa": "local_blocked"}
 
 
+def varlen_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether PyTorch's varlen FlashAttention runs here: a CUDA GPU of compute capability 8 or more, bf16 or fp16."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    try:
+        from torch.nn.attention import varlen  # noqa: F401  (torch 2.9 and later)
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def packed_attention(
+    attn_implementation: str | None, device: torch.device, dtype: torch.dtype, dropout: float
+) -> bool:
+    """Whether full attention runs "varlen" on the sequences packed in one row: under "sdpa" where
+    `varlen_available`, and without attention dropout. Elsewhere the length buckets run the other kernels (on a
+    GPU in float32, or while training with attention dropout, that is "sdpa" on each bucket)."""
+    return attn_implementation == "sdpa" and not dropout and varlen_available(device, dtype)
+
+
 def full_attention_kernel(
-    attn_implementation: str | None, device: torch.device, dtype: torch.dtype, scores: int = 0
+    attn_implementation: str | None, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False
 ) -> str:
     """The kernel that full attention runs under `attn_implementation` for inputs of `dtype` on `device` whose scores
-    have `scores` entries (batch * heads * q_seq * k_seq): "sdpa" becomes "matmul" for bf16 on a CPU while the scores
-    fit in MATMUL_ATTENTION_MAX_SCORES."""
+    have `scores` entries (batch * heads * q_seq * k_seq): "varlen" on `packed` rows; "sdpa" becomes "matmul" for
+    bf16 on a CPU while the scores fit in MATMUL_ATTENTION_MAX_SCORES."""
+    if packed:
+        return "varlen"
     implementation = attn_implementation or "eager"
     cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
     if implementation == "sdpa" and cpu_bf16 and scores <= MATMUL_ATTENTION_MAX_SCORES:

@@ -20,6 +20,7 @@ from .attention_sinebert import (
     full_attention_kernel,
     local_attention_kernel,
     local_attention_mask,
+    packed_attention,
 )
 
 # A bucket of its own costs a kernel call and its copies, counted as the attention work of one sequence of 128 tokens:
@@ -134,23 +135,40 @@ def attention_buckets(lengths: list[int], device: torch.device, key_multiple: in
     return tuple(buckets)
 
 
+class Packing(NamedTuple):
+    """The sequences' boundaries in rows packed one after another, for the "varlen" kernel."""
+
+    cu_seq_lens: torch.Tensor  # (sequences + 1,) int32: sequence i holds rows cu_seq_lens[i]:cu_seq_lens[i + 1]
+    max_length: int
+
+    def kwargs(self) -> dict:
+        """The kernel's keyword arguments, named as transformers names those of packed sequences."""
+        return dict(cu_seq_lens_q=self.cu_seq_lens, cu_seq_lens_k=self.cu_seq_lens, max_length_q=self.max_length,
+                    max_length_k=self.max_length)
+
+
 class TokenRows(NamedTuple):
     """Where the real tokens of a padded `(batch, seq)` batch sit once the padding is taken out.
 
-    The rows hold the sequences longest first, so that full attention can run on `buckets` of similar length, each
-    padded only to about its own longest; `layout` puts the rows back into the `(batch, seq)` batch. After the real
-    tokens' rows may come filler rows, copies of the first, up to a multiple of `row_multiple` rows: every layer
-    computes them, but no token attends to them and no output keeps them.
+    The rows hold the sequences longest first, one after another. Full attention runs either on them as they are
+    (`packing`, for the "varlen" kernel) or on `buckets` of similar length, each padded only to about its own
+    longest; `layout` puts the rows back into the `(batch, seq)` batch. After the real tokens' rows may come filler
+    rows, copies of the first, up to a multiple of `row_multiple` rows: every layer computes them, but no token
+    attends to them and no output keeps them.
     """
 
     layout: PaddedLayout  # of the real tokens' rows in the batch
-    buckets: tuple[AttentionBucket, ...]
+    buckets: tuple[AttentionBucket, ...]  # empty where packed
     rows: torch.Tensor  # (n_real + fillers,) the place in the flattened batch each row comes from
+    packing: Packing | None = None
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1) -> "TokenRows":
+    def from_mask(
+        cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1, packed: bool = False
+    ) -> "TokenRows":
         """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
-        `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS."""
+        `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS; `packed`: the sequences'
+        boundaries instead of buckets (no list of lengths on the host, one sync for the longest)."""
         real = attention_mask.bool()
         lengths = real.sum(1)  # (batch,)
         order = torch.argsort(lengths, descending=True, stable=True)
@@ -158,7 +176,11 @@ class TokenRows(NamedTuple):
         layout = PaddedLayout.of(real, slots=positions[real[order]])
         fillers = -len(layout.slots) % row_multiple if len(layout.slots) >= FILLED_MIN_ROWS else 0
         rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
-        return cls(layout, attention_buckets(lengths[order].tolist(), real.device, key_multiple), rows)
+        if not packed:
+            return cls(layout, attention_buckets(lengths[order].tolist(), real.device, key_multiple), rows)
+        counts = lengths[order][lengths[order] > 0]  # longest first; sequences without tokens left out
+        cu_seq_lens = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
+        return cls(layout, (), rows, Packing(cu_seq_lens, int(counts[0]) if len(counts) else 0))
 
     @property
     def n_real(self) -> int:
@@ -224,12 +246,15 @@ class LayerRows(NamedTuple):
         every row is a key and a value, and the rows of `queries` (all where None) are the queries. No kernel of a
         padding-free batch returns weights, so `output_attentions` only makes the kernel say so."""
         full = attention.layer_type == "full_attention"
-        if self.queries is not None and full:
+        packed = self.tokens is not None and self.tokens.packing is not None
+        if self.queries is not None and full and not packed:  # (packed: every row is a query, the rows read kept)
             return self._attend_queries(attention, hidden_states, mask, output_attentions)
         qkv = attention.qkv_proj(hidden_states)  # (n_real + fillers, 3 * hidden) or (batch, seq, 3 * hidden)
         hidden = qkv.shape[-1] // 3
         if self.tokens is None:
             output, _ = attention.attend_padded(qkv, mask, output_attentions)
+        elif full and packed:
+            output = self.tokens.with_fillers(self._attend_packed(attention, qkv, output_attentions))
         elif full:  # (n_real + fillers, hidden)
             output = self.tokens.with_fillers(self._attend_buckets(attention, qkv, output_attentions))
         else:  # sliding windows need the batch's own positions; padding keys are masked
@@ -244,6 +269,16 @@ class LayerRows(NamedTuple):
         if self.queries is None:
             return hidden_states
         return hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, self.queries.index)
+
+    def _attend_packed(self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool) -> torch.Tensor:
+        """qkv: `(n_real + fillers, 3 * hidden)` -> `(n_real, hidden)`, full attention within each sequence in one
+        kernel call on the rows as they are."""
+        n_real = self.tokens.n_real
+        # (n_real, 3 * hidden) -> 3 x (1, heads, n_real, head_dim): one row holding every sequence
+        grid = qkv[:n_real].view(1, n_real, 3, attention.num_heads, attention.head_dim)
+        query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)
+        output, _ = attention.attend(query, key, value, None, output_attentions, **self.tokens.packing.kwargs())
+        return output[0].flatten(1)  # (1, n_real, heads, head_dim) -> (n_real, hidden)
 
     def _attend_buckets(self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool) -> torch.Tensor:
         """qkv: `(n_real + fillers, 3 * hidden)` -> `(n_real, hidden)`, full attention within each bucket."""
@@ -308,13 +343,18 @@ class TokenLayout:
     every position, drops tokens by masking them as keys, and selects the rows read after the last layer.
     """
 
-    def __init__(self, config, attention_mask, output_mask, kept_tokens, shape, device, dtype, output_hidden_states):
+    def __init__(self, config, attention_mask, output_mask, kept_tokens, shape, device, dtype, output_hidden_states,
+                 training: bool = False):
         fast = config._attn_implementation != "eager"
         multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
         self.masks = self._masks(config, attention_mask, shape[1], device)
+        # Where full attention runs "varlen", every batch is packed, padded or not: what runs is what is reported.
+        dropout = config.attention_probs_dropout_prob if training else 0.0
+        self.packed = fast and packed_attention(config._attn_implementation, device, dtype, dropout)
         self.tokens = None
-        if fast and self.masks["full_attention"] is not None:
-            self.tokens = TokenRows.from_mask(attention_mask, *multiples)
+        if self.packed or fast and self.masks["full_attention"] is not None:
+            real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
+            self.tokens = TokenRows.from_mask(real, *multiples, packed=self.packed)
         self.queries = self.output_mask = None
         if output_mask is not None:
             _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read (output_mask, "
@@ -359,7 +399,7 @@ class TokenLayout:
         self.dropping, self.kept = tuple(config.token_dropping_range), kept
         self.kept_rows = self.kept_index = None  # under the reference the kept tokens are a mask
         if multiples is not None:
-            self.kept_rows = TokenRows.from_mask(kept, *multiples)
+            self.kept_rows = TokenRows.from_mask(kept, *multiples, packed=self.packed)
             rows = self.kept_rows.rows
             self.kept_index = rows if self.tokens is None else self.tokens.rows_of(rows)  # (n_kept + fillers,)
 

@@ -27,7 +27,12 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils.generic import can_return_tuple
 
-from .attention_sinebert import SINEBERT_ATTENTION_FUNCTIONS, full_attention_kernel, local_attention_kernel
+from .attention_sinebert import (
+    SINEBERT_ATTENTION_FUNCTIONS,
+    full_attention_kernel,
+    local_attention_kernel,
+    packed_attention,
+)
 from .configuration_sinebert import SineBertConfig
 from .layout_sinebert import LayerRows, TokenLayout, tokens_to_keep
 
@@ -216,13 +221,15 @@ class SineBertAttention(nn.Module):
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
         output_attentions: bool = False,
+        **packing,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """query `(batch, heads, q_seq, head_dim)`, key and value `(batch, heads, seq, head_dim)` -> `(batch, q_seq,
-        heads, head_dim)` through this layer's kernel, and the weights under eager."""
+        heads, head_dim)` through this layer's kernel, and the weights under eager. `packing`: the boundaries of the
+        sequences packed in one row (`layout_sinebert.Packing`), for the "varlen" kernel."""
         batch, q_seq = query.shape[0], query.shape[2]
         if q_seq == 0 or key.shape[2] == 0:  # nothing to compute, and SDPA rejects empty sequences
             return query.new_zeros(batch, q_seq, self.num_heads, self.head_dim), None
-        kernel = self.kernel_name(query.device, query.dtype, query.shape[:3].numel() * key.shape[2])
+        kernel = self.kernel_name(query.device, query.dtype, query.shape[:3].numel() * key.shape[2], bool(packing))
         if output_attentions and kernel != "eager":
             raise ValueError(
                 f"output_attentions=True needs the eager attention kernel, but this layer runs {kernel!r}; "
@@ -232,19 +239,22 @@ class SineBertAttention(nn.Module):
         return attention_function(
             self, query, key, value, attention_mask, scaling=self.scaling,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
-            sliding_window=self.sliding_window, global_positions=self.global_positions,
+            sliding_window=self.sliding_window, global_positions=self.global_positions, **packing,
         )
 
-    def kernel_name(self, device: torch.device, dtype: torch.dtype, scores: int = 0) -> str:
-        """The kernel this layer runs on inputs of `dtype` on `device` with `scores` attention scores."""
+    def kernel_name(self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False) -> str:
+        """The kernel this layer runs on inputs of `dtype` on `device` with `scores` attention scores (`packed`: on
+        the sequences packed in one row)."""
         if self.layer_type == "sliding_attention":
             return local_attention_kernel(self.config._attn_implementation)
-        return full_attention_kernel(self.config._attn_implementation, device, dtype, scores)
+        return full_attention_kernel(self.config._attn_implementation, device, dtype, scores, packed)
 
-    def kernel_description(self, device: torch.device, dtype: torch.dtype, scores: int = 0) -> str:
+    def kernel_description(
+        self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False
+    ) -> str:
         """What this layer attends to and the kernel that runs it, e.g. `sliding_attention(window=128, global=[0]) via
         local_blocked`."""
-        kernel = self.kernel_name(device, dtype, scores)
+        kernel = self.kernel_name(device, dtype, scores, packed)
         if self.layer_type == "full_attention":
             return f"full_attention via {kernel}"
         return f"sliding_attention(window={self.sliding_window}, global={list(self.global_positions)}) via {kernel}"
@@ -322,14 +332,17 @@ class SineBertPreTrainedModel(PreTrainedModel):
         "sliding_attention(window=128, global=[0]) via local_blocked", ...]`, for layers computing in `dtype` (by
         default autocast's where it is on, else the weights') on the model's device, and inputs of `input_shape`
         (batch, seq), by default short enough for every kernel: bf16 full attention on a CPU runs "matmul" up to
-        MATMUL_ATTENTION_MAX_SCORES scores and "sdpa" past them. Raises ValueError where a layer has no kernel,
-        exactly as a forward pass would."""
+        MATMUL_ATTENTION_MAX_SCORES scores and "sdpa" past them; on a GPU in bf16 or fp16 it runs "varlen" (unless it
+        trains with attention dropout). Raises ValueError where a layer has no kernel, exactly as a forward pass
+        would."""
         device = self.device
         if dtype is None:
             dtype = self.base_model._compute_dtype(device)
         batch, seq = input_shape or (0, 0)
         scores = batch * self.config.num_attention_heads * seq * seq
-        return [layer.attention.kernel_description(device, dtype, scores) for layer in self.base_model.layers]
+        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        packed = packed_attention(self.config._attn_implementation, device, dtype, dropout)
+        return [layer.attention.kernel_description(device, dtype, scores, packed) for layer in self.base_model.layers]
 
     def _init_weights(self, module: nn.Module):
         super()._init_weights(module)
@@ -439,7 +452,7 @@ class SineBertModel(SineBertPreTrainedModel):
         # Where every row goes, decided once: padded batches drop their padding before the layers, except under the
         # eager reference, which computes every position as written (its outputs at padding are not zeros).
         layout = TokenLayout(self.config, attention_mask, output_mask, kept_tokens, inputs.shape[:2], inputs.device,
-                             self._compute_dtype(inputs.device), output_hidden_states)
+                             self._compute_dtype(inputs.device), output_hidden_states, self.training)
         hidden_states = layout.embed(self.embeddings, input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
         all_hidden_states, all_attentions, entered, dropping = [], [], None, layout.dropping
         for index, layer in enumerate(self.layers):

@@ -1,0 +1,56 @@
+"""configs/accelerate/*.yaml resolve as written through accelerate's own launch parsing (a dry run: the environment
+each process would get, without starting one), and the README's multi-GPU command is one of them."""
+
+import re
+import shlex
+
+import pytest
+from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from accelerate.utils import prepare_multi_gpu_env
+
+import sinebert.modeling_sinebert
+from tests.conftest import ROOT
+
+CONFIGS = ROOT / "configs" / "accelerate"
+EXPECTED = {  # file: (multi_gpu, fsdp, processes, machines, mixed precision)
+    "cpu.yaml": (False, False, 1, 1, "no"),
+    "cpu_2proc.yaml": (True, False, 2, 1, "no"),
+    "multi_gpu.yaml": (True, False, 8, 1, "bf16"),
+    "fsdp.yaml": (False, True, 8, 1, "bf16"),
+    "multi_node.yaml": (True, False, 16, 2, "bf16"),
+}
+
+
+def dry_run(arguments: list[str]):
+    args = launch_command_parser().parse_args(arguments)
+    args, _, _ = _validate_launch_command(args)
+    env = prepare_multi_gpu_env(args) if args.multi_gpu or args.use_fsdp else {}
+    return args, env
+
+
+def test_every_config_is_tested():
+    assert sorted(path.name for path in CONFIGS.glob("*.yaml")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_config_resolves_as_written(name):
+    args, env = dry_run(["--config_file", str(CONFIGS / name), "scripts/pretrain.py"])
+    assert (bool(args.multi_gpu), bool(args.use_fsdp), args.num_processes, args.num_machines,
+            args.mixed_precision) == EXPECTED[name]
+    if args.use_fsdp:  # FSDP 2, one unit per layer: the class it names exists
+        assert env["FSDP_VERSION"] == "2" and env["ACCELERATE_USE_FSDP"] == "true"
+        assert hasattr(sinebert.modeling_sinebert, env["FSDP_TRANSFORMER_CLS_TO_WRAP"])
+    if args.num_machines > 1:
+        assert args.main_process_port and args.main_process_ip and args.rdzv_backend == "static"
+
+
+def test_the_readme_multi_gpu_command_resolves_to_every_gpu_of_a_machine():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (line,) = [line for line in readme.replace("\\\n", " ").splitlines() if "configs/accelerate/multi_gpu.yaml" in line
+               and line.lstrip().startswith(".venv/bin/accelerate launch")]
+    words = shlex.split(line.split("  #")[0])
+    arguments = words[words.index("launch") + 1 :]
+    arguments = arguments[: arguments.index("scripts/pretrain.py") + 1]
+    args, env = dry_run(arguments)
+    assert args.multi_gpu and args.num_processes == int(re.search(r"--num_processes (\d+)", line).group(1))
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"

@@ -1,0 +1,43 @@
+"""benchmarks/gpu_check.py: its CPU quick mode runs every part end to end, and its correctness check fails where a
+kernel is wrong."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+
+
+@pytest.mark.slow
+def test_the_quick_check_on_a_cpu_runs_every_part_and_every_fast_path_passes(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--quick", "--output_dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert {(row["case"], row["precision"]) for row in report["correctness"]} == {
+        (case, precision) for case in ("masked_lm", "classifier", "sliding_window", "token_dropping")
+        for precision in ("fp32", "bf16")}
+    assert all(row["passed"] for row in report["correctness"])
+    (training,) = report["training"]
+    assert set(training["models"]) >= {"sinebert", "bert_sdpa", "modernbert_sdpa"}
+    assert all(cell["tokens_per_second"] > 0 for cell in training["models"].values())
+    assert [row["precision"] for row in report["inference"]] == ["bf16", "fp32"]
+    assert report["long_forward"]["finite"] and report["long_forward"]["tokens"] == 2048
+    assert "| sinebert / fastest peer |" in (tmp_path / "check.md").read_text()
+
+
+def test_a_wrong_kernel_fails_the_check(monkeypatch):
+    from benchmarks import gpu_check
+    from sinebert.attention_sinebert import SINEBERT_ATTENTION_FUNCTIONS, matmul_attention_forward
+
+    def off_by_a_fifth(*args, **kwargs):
+        output, weights = matmul_attention_forward(*args, **kwargs)
+        return output * 1.2, weights
+
+    row = gpu_check.check_case("masked_lm", "bf16", torch.device("cpu"))
+    assert row["passed"] and row["kernels"] == ["full_attention via matmul"]
+    monkeypatch.setitem(SINEBERT_ATTENTION_FUNCTIONS._local_mapping, "matmul", off_by_a_fifth)
+    assert not gpu_check.check_case("masked_lm", "bf16", torch.device("cpu"))["passed"]
