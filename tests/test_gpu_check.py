@@ -13,7 +13,8 @@ from tests.conftest import ROOT
 
 @pytest.mark.slow
 def test_the_quick_check_on_a_cpu_runs_every_part_and_every_fast_path_passes(tmp_path):
-    command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--quick", "--output_dir", str(tmp_path)]
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--quick",
+               "--output_dir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "check.json").read_text())
