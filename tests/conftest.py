@@ -21,8 +21,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 
 def accelerate_command(script: str, processes: int = 1, threads: int = 1) -> list[str]:
-    """`accelerate launch <script>` on 1 or more CPU processes of `threads` threads, as configs/accelerate/cpu_2proc.yaml
-    launches two.
+    """`accelerate launch <script>` on 1 or more CPU processes of `threads` threads, as
+    configs/accelerate/cpu_2proc.yaml launches two.
 
     One thread per process by default: on a busy 2-core machine more threads than cores make every step many times
     slower.
