@@ -166,7 +166,8 @@ def test_budget_minutes_come_from_the_command_line_else_the_config():
 
 
 def test_unknown_stage_and_missing_shared_data_are_one_sentence(tmp_path, capsys, shared_layout):
-    line = user_error(capsys, cram, ["--quick", "--output_dir", tmp_path / "out", "--stop_after", "pretraining"])
+    line = user_error(capsys, cram, ["--quick", "--output_dir", tmp_path / "out", "--shared_data", shared_layout,
+                                     "--stop_after", "pretraining"])
     assert "'pretraining' is not a stage" in line and "pretrain," in line
     line = user_error(capsys, cram, ["--quick", "--output_dir", tmp_path / "out", "--shared_data",
                                      tmp_path / "none"])
