@@ -2,8 +2,9 @@
 
 A padded `(batch, seq)` batch loses its padding before the layers (Portes et al., 2023, MosaicBERT; ModernBERT): the
 embeddings, projections, feed-forward layers and LayerNorms run on the `(n_real + fillers, hidden)` rows of the real
-tokens, so mixed-length batches spend no work on padding. Full attention runs on buckets of sequences of similar
-length; sliding-window attention puts the rows back into the padded batch, whose positions its windows count.
+tokens, so mixed-length batches spend no work on padding. Full attention runs on the rows packed one after another
+("varlen", on a GPU) or on buckets of sequences of similar length; sliding-window attention puts the rows back into
+the padded batch, whose positions its windows count.
 Two more choices of rows ride on the same layout: the last layer computes only the rows a head reads
 (`output_mask`), and the layers of token dropping only the kept tokens (`kept_tokens`, Hou et al., 2022).
 
