@@ -144,6 +144,20 @@ def test_config_file_supplies_arguments_and_rejects_unknown_keys(text_corpus, to
     assert "unknown keys ['hiden_size']" in message and "hidden_size" in message
 
 
+@pytest.mark.parametrize(("name", "content", "shown"), [
+    ("missing.yaml", None, "missing.yaml does not exist; give the path of a YAML or JSON file"),
+    ("broken.yaml", "hidden_size: [64\n", "broken.yaml is not valid YAML: "),
+    ("broken.json", "{hidden_size: 64", "broken.json is not valid JSON: "),
+    ("list.yaml", "- hidden_size\n- 64\n", "list.yaml must hold a mapping of argument names to values, got list"),
+])
+def test_a_bad_config_file_is_one_sentence_and_exit_status_2(tmp_path, capsys, name, content, shown):
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    argv = ["--config_file", tmp_path / name, "--train_file", tmp_path / "t.txt", "--output_dir", tmp_path / "out"]
+    line = user_error(capsys, load_script("pretrain"), argv)
+    assert shown in line and not (tmp_path / "out").exists()
+
+
 def test_refuses_to_overwrite_another_run_and_checks_the_tokenizer(text_corpus, tokenizer_dir, tmp_path, capsys):
     pretrain = load_script("pretrain")
     out = tmp_path / "busy"

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from .errors import UserError
+
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 
 
@@ -159,12 +161,14 @@ def parse_with_config_file(parser: argparse.ArgumentParser, argv: list[str] | No
 def read_config_file(path: str) -> dict:
     file = Path(path)
     if not file.is_file():
-        raise SystemExit(f"error: --config_file {path} does not exist.")
+        raise UserError(f"--config_file {path} does not exist; give the path of a YAML or JSON file of arguments.")
     text = file.read_text(encoding="utf-8")
     try:
         values = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as error:
-        raise SystemExit(f"error: --config_file {path} is not valid {file.suffix.lstrip('.').upper()}: {error}")
+        kind = file.suffix.lstrip(".").upper() or "YAML"
+        raise UserError(f"--config_file {path} is not valid {kind}: {' '.join(str(error).split())}") from None
     if not isinstance(values, dict):
-        raise SystemExit(f"error: --config_file {path} must hold a mapping of argument names to values.")
+        raise UserError(f"--config_file {path} must hold a mapping of argument names to values, got "
+                        f"{type(values).__name__}.")
     return values
