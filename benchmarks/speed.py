@@ -282,7 +282,7 @@ KERNEL_SHAPES = ((32, 4, 128, 64), (32, 8, 128, 64), (8, 4, 512, 64), (2, 4, 204
 def kernel_times(repeats: int = 5) -> list[str]:
     """Forward and backward milliseconds (best of `repeats`) of full attention without a mask, (batch, heads, seq,
     head_dim) as in KERNEL_SHAPES, through PyTorch's scaled_dot_product_attention and through sinebert's
-    `matmul_attention_forward`, in fp32 and bf16: the measurement behind `sdpa_backend`'s choice."""
+    `matmul_attention_forward`, in fp32 and bf16: the measurement behind `full_attention_kernel`'s "matmul"."""
     from sinebert.attention_sinebert import matmul_attention_forward
 
     module = torch.nn.Module()
