@@ -43,6 +43,42 @@ def test_bad_data_and_settings(files, tokenizer_dir, capsys, extra, message):
     assert not (files / "out" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--per_device_train_batch_size", 0, "--per_device_train_batch_size must be at least 1, got 0."),
+    ("--per_device_train_batch_size", -1, "--per_device_train_batch_size must be at least 1, got -1."),
+    ("--learning_rate", -1, "--learning_rate must be more than 0, got -1.0."),
+    ("--logging_steps", 0, "--logging_steps must be at least 1, got 0."),
+    ("--gradient_accumulation_steps", 0, "--gradient_accumulation_steps must be at least 1, got 0."),
+    ("--num_train_epochs", 0, "--num_train_epochs must be more than 0, got 0.0."),
+    ("--weight_decay", -0.1, "--weight_decay must be at least 0, got -0.1."),
+    ("--warmup_ratio", 5, "--warmup_ratio must be at least 0 and at most 1, got 5.0."),
+    ("--max_train_minutes", -1, "--max_train_minutes must be more than 0, got -1.0."),
+    ("--max_seq_length", 0, "--max_seq_length must be at least 1, got 0."),
+    ("--adam_beta2", 1, "--adam_beta2 must be at least 0 and below 1, got 1.0."),
+])
+def test_numbers_out_of_range_are_one_sentence_before_anything_is_written(files, tokenizer_dir, capsys, flag, value,
+                                                                          message):
+    argv = ["--train_file", files / "reviews.csv", "--text_column_name", "review", "--tokenizer_name", tokenizer_dir,
+            "--output_dir", files / "out", flag, value]
+    assert user_error(capsys, pretrain, argv) == f"error: {message}"
+    assert not (files / "out").exists()
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("max_train_steps: -5", "max_train_steps=-5 is not valid (expected 0 or more steps, got -5)."),
+    ("per_device_train_batch_size: [1, 2]", "per_device_train_batch_size=[1, 2] must be a single value"),
+    ("learning_rate: fast", "learning_rate='fast' is not valid"),
+    ("per_device_train_batch_size: 0", "--per_device_train_batch_size must be at least 1, got 0."),
+])
+def test_config_file_values_are_checked_as_the_command_line_checks_them(files, tokenizer_dir, capsys, setting,
+                                                                         message):
+    config = files / "run.yaml"
+    config.write_text(f"train_file: [{files / 'reviews.csv'}]\ntext_column_name: review\n{setting}\n")
+    argv = ["--config_file", config, "--tokenizer_name", tokenizer_dir, "--output_dir", files / "out"]
+    assert message in user_error(capsys, pretrain, argv)
+    assert not (files / "out").exists()
+
+
 def test_other_encodings_are_read_with_encoding(files, tokenizer_dir):
     out = files / "out"
     pretrain.main([str(a) for a in [*TINY, "--tokenizer_name", tokenizer_dir, "--train_file", files / "latin1.txt",

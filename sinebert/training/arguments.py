@@ -131,8 +131,66 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--trace_data", action="store_true", help="Write the token ids each process trained on.")
 
 
+# The range of every numeric argument, checked in one place for the command line and the config file alike (an
+# argument a script does not have is skipped; None, "not given", always passes): dest -> (lowest, lowest allowed?,
+# highest or None, highest allowed?).
+AT_LEAST_ONE, ZERO_OR_MORE, MORE_THAN_ZERO = (1, True, None, False), (0, True, None, False), (0, False, None, False)
+RANGES = {
+    **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "logging_steps", "eval_steps", "checkpoints_total_limit", "max_length", "max_seq_length",
+                     "max_train_samples", "max_eval_samples", "early_stopping_patience", "doc_stride",
+                     "max_answer_length", "n_best_size", "vocab_size", "min_frequency"), AT_LEAST_ONE),
+    **dict.fromkeys(("num_warmup_steps", "weight_decay", "max_grad_norm", "seed"), ZERO_OR_MORE),
+    **dict.fromkeys(("learning_rate", "embedding_learning_rate", "num_train_epochs", "max_train_minutes",
+                     "adam_epsilon"), MORE_THAN_ZERO),
+    "warmup_ratio": (0, True, 1, True),
+    "adam_beta1": (0, True, 1, False),
+    "adam_beta2": (0, True, 1, False),
+}
+
+
+def _range_error(name: str, value, bounds) -> str | None:
+    """One sentence where `value` of --`name` is outside `bounds`, else None."""
+    low, low_allowed, high, high_allowed = bounds
+    if value is None:
+        return None
+    above = value >= low if low_allowed else value > low
+    below = high is None or (value <= high if high_allowed else value < high)
+    if above and below:
+        return None
+    lowest = f"at least {low}" if low_allowed else f"more than {low}"
+    highest = "" if high is None else f" and {'at most' if high_allowed else 'below'} {high}"
+    return f"--{name} must be {lowest}{highest}, got {value}."
+
+
+def check_ranges(args: argparse.Namespace):
+    """UserError for the first numeric argument outside its range (RANGES)."""
+    for name, bounds in RANGES.items():
+        message = _range_error(name, getattr(args, name, None), bounds)
+        if message:
+            raise UserError(message)
+
+
+def _typed(parser: argparse.ArgumentParser, config_file: str, values: dict) -> dict:
+    """The config file's values converted as the command line converts them (`type`), so that a list where a number
+    belongs is one sentence, not an error from deep inside torch."""
+    typed = dict(values)
+    for action in parser._actions:
+        value = values.get(action.dest)
+        if value is None or action.type is None or action.nargs not in (None, "?"):
+            continue
+        if isinstance(value, (list, dict, bool)):
+            raise UserError(f"{config_file}: {action.dest}={value!r} must be a single value, as --{action.dest} takes.")
+        try:
+            typed[action.dest] = action.type(str(value))
+        except (ValueError, argparse.ArgumentTypeError) as error:
+            raise UserError(f"{config_file}: {action.dest}={value!r} is not valid ({error}).") from None
+    return typed
+
+
 def parse_with_config_file(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse `argv`, taking defaults from `--config_file` (YAML or JSON) when given.
+    """Parse `argv`, taking defaults from `--config_file` (YAML or JSON) when given; then check every numeric
+    argument's range (RANGES), wherever its value came from.
 
     Unknown keys in the file are an error that lists the valid ones.
     """
@@ -154,8 +212,10 @@ def parse_with_config_file(parser: argparse.ArgumentParser, argv: list[str] | No
                     f"{known.config_file}: {action.dest}={values[action.dest]!r} is not one of {list(action.choices)}."
                 )
             action.required = False
-        parser.set_defaults(**values)
-    return parser.parse_args(argv)
+        parser.set_defaults(**_typed(parser, known.config_file, values))
+    args = parser.parse_args(argv)
+    check_ranges(args)
+    return args
 
 
 def read_config_file(path: str) -> dict:
