@@ -1,7 +1,7 @@
 """What the scripts share: data loading and collators, the training loop, checkpoints, metrics and reports.
 
 This package is not needed to load or serve a model; the model files import nothing from it. It needs the `train`
-extra (`pip install "sinebert[train]"`), which serving does not.
+extra (`pip install "sinebert[train]"`, or `".[train]"` from a clone), which serving does not.
 """
 
 import importlib.util
