@@ -46,13 +46,13 @@ def test_bad_data_and_settings(files, tokenizer_dir, capsys, extra, message):
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--per_device_train_batch_size", 0, "--per_device_train_batch_size must be at least 1, got 0."),
     ("--per_device_train_batch_size", -1, "--per_device_train_batch_size must be at least 1, got -1."),
-    ("--learning_rate", -1, "--learning_rate must be more than 0, got -1.0."),
+    ("--learning_rate", -1, "--learning_rate must be at least 0, got -1.0."),
     ("--logging_steps", 0, "--logging_steps must be at least 1, got 0."),
     ("--gradient_accumulation_steps", 0, "--gradient_accumulation_steps must be at least 1, got 0."),
     ("--num_train_epochs", 0, "--num_train_epochs must be more than 0, got 0.0."),
     ("--weight_decay", -0.1, "--weight_decay must be at least 0, got -0.1."),
     ("--warmup_ratio", 5, "--warmup_ratio must be at least 0 and at most 1, got 5.0."),
-    ("--max_train_minutes", -1, "--max_train_minutes must be more than 0, got -1.0."),
+    ("--max_train_minutes", -1, "--max_train_minutes must be at least 0, got -1.0."),
     ("--max_seq_length", 0, "--max_seq_length must be at least 1, got 0."),
     ("--adam_beta2", 1, "--adam_beta2 must be at least 0 and below 1, got 1.0."),
 ])

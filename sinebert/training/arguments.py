@@ -140,9 +140,10 @@ RANGES = {
                      "logging_steps", "eval_steps", "checkpoints_total_limit", "max_length", "max_seq_length",
                      "max_train_samples", "max_eval_samples", "early_stopping_patience", "doc_stride",
                      "max_answer_length", "n_best_size", "vocab_size", "min_frequency"), AT_LEAST_ONE),
-    **dict.fromkeys(("num_warmup_steps", "weight_decay", "max_grad_norm", "seed"), ZERO_OR_MORE),
-    **dict.fromkeys(("learning_rate", "embedding_learning_rate", "num_train_epochs", "max_train_minutes",
-                     "adam_epsilon"), MORE_THAN_ZERO),
+    # A learning rate of 0 trains nothing (or freezes the embeddings); 0 minutes stops after the first step.
+    **dict.fromkeys(("num_warmup_steps", "weight_decay", "max_grad_norm", "seed", "learning_rate",
+                     "embedding_learning_rate", "max_train_minutes"), ZERO_OR_MORE),
+    **dict.fromkeys(("num_train_epochs", "adam_epsilon"), MORE_THAN_ZERO),
     "warmup_ratio": (0, True, 1, True),
     "adam_beta1": (0, True, 1, False),
     "adam_beta2": (0, True, 1, False),
