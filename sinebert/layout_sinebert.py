@@ -21,7 +21,6 @@ from .attention_sinebert import (
     full_attention_kernel,
     local_attention_kernel,
     local_attention_mask,
-    packed_attention,
 )
 
 # A bucket of its own costs a kernel call and its copies, counted as the attention work of one sequence of 128 tokens:
@@ -251,7 +250,6 @@ class LayerRows(NamedTuple):
         if self.queries is not None and full and not packed:  # (packed: every row is a query, the rows read kept)
             return self._attend_queries(attention, hidden_states, mask, output_attentions)
         qkv = attention.qkv_proj(hidden_states)  # (n_real + fillers, 3 * hidden) or (batch, seq, 3 * hidden)
-        hidden = qkv.shape[-1] // 3
         if self.tokens is None:
             output, _ = attention.attend_padded(qkv, mask, output_attentions)
         elif full and packed:
@@ -261,12 +259,11 @@ class LayerRows(NamedTuple):
         else:  # sliding windows need the batch's own positions; padding keys are masked
             output, _ = attention.attend_padded(self.tokens.pad(qkv), mask, output_attentions)
             output = self.tokens.with_fillers(self.tokens.layout.unpad(output))
-        if self.queries is not None:
-            output = output.reshape(-1, hidden).index_select(0, self.queries.index)  # (n_read, hidden)
-        return output
+        return self.read(output)  # (n_read, hidden) where only the rows read are kept
 
-    def residual(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """A layer's input as its residual stream: only the rows of `queries` where it keeps only those."""
+    def read(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The rows of `queries` of any rows or padded batch, `(n_read, hidden)`; everything where it is None (a
+        layer's residual stream is its input, or only the rows a head reads in the last layer)."""
         if self.queries is None:
             return hidden_states
         return hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, self.queries.index)
@@ -300,8 +297,8 @@ class LayerRows(NamedTuple):
         those rows alone."""
         hidden, heads, head_dim = attention.out_proj.in_features, attention.num_heads, attention.head_dim
         weight, bias = attention.qkv_proj.weight, attention.qkv_proj.bias  # (3 * hidden, hidden): query, key, value
-        rows = hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, self.queries.index)
-        query = self.queries.layout.pad(torch.nn.functional.linear(rows, weight[:hidden], bias[:hidden]))
+        query = torch.nn.functional.linear(self.read(hidden_states), weight[:hidden], bias[:hidden])  # (n_read, hidden)
+        query = self.queries.layout.pad(query)  # (batch, queries, hidden)
         key_value = torch.nn.functional.linear(hidden_states, weight[hidden:], bias[hidden:])  # every token
         if self.tokens is not None:
             key_value = self.tokens.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked
@@ -345,13 +342,13 @@ class TokenLayout:
     """
 
     def __init__(self, config, attention_mask, output_mask, kept_tokens, shape, device, dtype, output_hidden_states,
-                 training: bool = False):
+                 packed: bool = False):
+        """`packed`: full attention runs "varlen" (`attention_sinebert.packed_attention`); then every batch is
+        packed, padded or not, so that what runs is what is reported."""
         fast = config._attn_implementation != "eager"
         multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
         self.masks = self._masks(config, attention_mask, shape[1], device)
-        # Where full attention runs "varlen", every batch is packed, padded or not: what runs is what is reported.
-        dropout = config.attention_probs_dropout_prob if training else 0.0
-        self.packed = fast and packed_attention(config._attn_implementation, device, dtype, dropout)
+        self.packed = packed
         self.tokens = None
         if self.packed or fast and self.masks["full_attention"] is not None:
             real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)

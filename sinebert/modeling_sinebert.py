@@ -306,7 +306,7 @@ class SineBertLayer(GradientCheckpointingLayer):
             rows,
         )
         if rows is not None:
-            hidden_states = rows.residual(hidden_states)
+            hidden_states = rows.read(hidden_states)
         if self.pre_norm:
             hidden_states = hidden_states + self.dropout(attended)
             hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
@@ -340,8 +340,7 @@ class SineBertPreTrainedModel(PreTrainedModel):
             dtype = self.base_model._compute_dtype(device)
         batch, seq = input_shape or (0, 0)
         scores = batch * self.config.num_attention_heads * seq * seq
-        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
-        packed = packed_attention(self.config._attn_implementation, device, dtype, dropout)
+        packed = self.base_model._packed(device, dtype)
         return [layer.attention.kernel_description(device, dtype, scores, packed) for layer in self.base_model.layers]
 
     def _init_weights(self, module: nn.Module):
@@ -451,8 +450,9 @@ class SineBertModel(SineBertPreTrainedModel):
         inputs = input_ids if input_ids is not None else inputs_embeds
         # Where every row goes, decided once: padded batches drop their padding before the layers, except under the
         # eager reference, which computes every position as written (its outputs at padding are not zeros).
-        layout = TokenLayout(self.config, attention_mask, output_mask, kept_tokens, inputs.shape[:2], inputs.device,
-                             self._compute_dtype(inputs.device), output_hidden_states, self.training)
+        device, dtype = inputs.device, self._compute_dtype(inputs.device)
+        layout = TokenLayout(self.config, attention_mask, output_mask, kept_tokens, inputs.shape[:2], device, dtype,
+                             output_hidden_states, self._packed(device, dtype))
         hidden_states = layout.embed(self.embeddings, input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
         all_hidden_states, all_attentions, entered, dropping = [], [], None, layout.dropping
         for index, layer in enumerate(self.layers):
@@ -475,6 +475,11 @@ class SineBertModel(SineBertPreTrainedModel):
             hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
+
+    def _packed(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether full attention runs "varlen" on packed rows here (never while attention dropout is on)."""
+        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        return packed_attention(self.config._attn_implementation, device, dtype, dropout)
 
     def _compute_dtype(self, device: torch.device) -> torch.dtype:
         """The dtype the layers compute in: autocast's where it is on, else the weights'."""
