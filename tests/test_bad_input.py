@@ -40,7 +40,26 @@ def test_bad_data_and_settings(files, tokenizer_dir, capsys, extra, message):
     extra = [str(files / e) if str(e).endswith((".csv", ".txt", ".parquet")) else e for e in extra]
     argv = [*TINY, "--tokenizer_name", tokenizer_dir, *extra, "--output_dir", files / "out"]
     assert message in user_error(capsys, pretrain, argv)
-    assert not (files / "out" / "model.safetensors").exists()
+    assert not (files / "out").exists()  # the folder the run created is gone again
+
+
+@pytest.mark.parametrize("script", ["pretrain", "train_tokenizer", "finetune_classification"])
+def test_hub_dataset_without_a_network_is_one_sentence_and_leaves_nothing(tmp_path, tokenizer_dir, capsys, script):
+    """The suite runs offline (HF_DATASETS_OFFLINE), as a machine without a network does."""
+    argv = ["--dataset_name", "wikitext", "--dataset_config_name", "wikitext-2-raw-v1", "--output_dir",
+            tmp_path / "runs" / "out"]
+    if script != "train_tokenizer":
+        argv += ["--tokenizer_name", tokenizer_dir]
+    message = user_error(capsys, load_script(script), argv)
+    assert "--dataset_name wikitext (wikitext-2-raw-v1)" in message and "--train_file" in message, message
+    assert not (tmp_path / "runs").exists()
+
+
+def test_output_dir_that_is_a_file_is_one_sentence(files, tokenizer_dir, capsys):
+    (files / "taken").write_text("not a folder")
+    argv = [*TINY, "--tokenizer_name", tokenizer_dir, "--train_file", files / "latin1.txt", "--output_dir",
+            files / "taken"]
+    assert "--output_dir" in user_error(capsys, pretrain, argv) and (files / "taken").read_text() == "not a folder"
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import datasets
 from datasets import DatasetDict, IterableDatasetDict, load_dataset
+from datasets.exceptions import DatasetNotFoundError
 
 from .errors import UserError
 
@@ -67,11 +68,26 @@ def training_texts(args, streaming: bool = False) -> Iterator[str]:
     return itertools.islice(rows, args.max_train_samples)
 
 
+def load_hub_dataset(args, streaming: bool) -> DatasetDict | IterableDatasetDict:
+    """--dataset_name (and --dataset_config_name) from the hub, or one sentence saying why not and what to give
+    instead; a name that is a local folder or loading script loads as `datasets` loads it."""
+    name = args.dataset_name + (f" ({args.dataset_config_name})" if args.dataset_config_name else "")
+    try:
+        return load_dataset(args.dataset_name, args.dataset_config_name, streaming=streaming,
+                            trust_remote_code=getattr(args, "trust_remote_code", False) or None)
+    except (ConnectionError, DatasetNotFoundError) as error:
+        reason = " ".join(str(error).split())
+        raise UserError(
+            f"Could not load --dataset_name {name}: {reason}. Check the name and the network (the hub is "
+            "unreachable when HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set), or give local files with "
+            "--train_file and --validation_file."
+        ) from None
+
+
 def load_splits(args, streaming: bool = False) -> DatasetDict | IterableDatasetDict:
     """`train` (and `validation` when given) from --dataset_name or --train_file/--validation_file."""
     if args.dataset_name:
-        return load_dataset(args.dataset_name, args.dataset_config_name, streaming=streaming,
-                            trust_remote_code=getattr(args, "trust_remote_code", False) or None)
+        return load_hub_dataset(args, streaming)
     train_files = expand_files(args.train_file, "--train_file")
     if not train_files:
         raise UserError("Give training data with --train_file (local files) or --dataset_name (a hub dataset).")

@@ -3,6 +3,11 @@
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+# Folders this process created for a run (its --output_dir); a run that fails with a UserError while one is still
+# empty removes it, so bad input leaves nothing behind.
+_created_folders: list[Path] = []
 
 
 class UserError(Exception):
@@ -15,6 +20,19 @@ class SharedUserError(UserError):
     in their next collective call with a communication backend's traceback.)"""
 
 
+def make_folder(path: Path):
+    """`path.mkdir(parents=True, exist_ok=True)`, remembering the folders it creates (see run_cli)."""
+    missing = [folder for folder in (path, *path.parents) if not folder.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    _created_folders.extend(reversed(missing))  # outermost first; removed innermost first
+
+
+def _remove_empty_created_folders():
+    for folder in reversed(_created_folders):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
 def run_cli(main: Callable[[], object]):
     """Run a script's `main`, turning user errors into `error: <sentence>` and exit status 2.
 
@@ -25,6 +43,7 @@ def run_cli(main: Callable[[], object]):
     try:
         main()
     except (UserError, CheckpointError) as error:
+        _remove_empty_created_folders()
         if os.environ.get("SINEBERT_DEBUG"):
             raise
         if not isinstance(error, SharedUserError) or os.environ.get("RANK", "0") == "0":

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from .checkpoint import CheckpointManager
-from .errors import SharedUserError, UserError
+from .errors import SharedUserError, UserError, make_folder
 from .reporting import MetricsLog, plot_curves, write_json
 
 
@@ -132,17 +132,33 @@ def claim_output_dir(args, accelerator: Accelerator):
     if accelerator.is_main_process:
         occupied = output.is_dir() and any(output.iterdir())
         if occupied and not args.resume_from_checkpoint and not args.overwrite_output_dir:
-            refused += 1
+            refused += OCCUPIED
         elif occupied and not args.resume_from_checkpoint:
             for stale in ("checkpoints", "metrics.jsonl"):
                 path = output / stale
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        output.mkdir(parents=True, exist_ok=True)
-    if broadcast(refused).item():  # every process learns the main one's decision (and waits for the folder)
+        if not refused.item():
+            try:
+                make_folder(output)
+            except OSError:
+                pass
+            if not (output.is_dir() and os.access(output, os.W_OK | os.X_OK)):
+                refused += NOT_WRITABLE
+    # Every process learns the main one's decision (and waits for the folder).
+    reason = broadcast(refused).item()
+    if reason == OCCUPIED:
         raise SharedUserError(
             f"--output_dir {output} already holds files from another run; pass --overwrite_output_dir to replace "
             "it, --resume_from_checkpoint latest to continue it, or choose another folder."
         )
+    if reason == NOT_WRITABLE:
+        raise SharedUserError(
+            f"--output_dir {output} cannot be created or written (a file has that name, or its filesystem is "
+            "read-only or not yours); choose a folder you can write."
+        )
+
+
+OCCUPIED, NOT_WRITABLE = 1, 2
 
 
 def build_optimizer(model: nn.Module, args) -> torch.optim.AdamW:
