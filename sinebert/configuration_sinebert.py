@@ -1,5 +1,6 @@
 """SineBERT model configuration."""
 
+import math
 from typing import Literal
 
 from transformers import PreTrainedConfig
@@ -56,6 +57,12 @@ class SineBertConfig(PreTrainedConfig):
         scale_embeddings (`bool`, defaults to `False`): Multiply word embeddings by sqrt(hidden_size) before
             adding positions, as in the original Transformer, so that the sinusoids (entries in [-1, 1]) do not
             drown the small initial word embeddings.
+        position_scale (`float`, *optional*): Factor of the sinusoidal encoding where it is added to the word
+            embeddings. By default sqrt(2) * `initializer_range`, so that at initialisation a position row has the
+            norm of a word-embedding row (a sinusoid row has norm sqrt(hidden_size / 2)), as BERT's learned position
+            embeddings do; unscaled, a sinusoid is 35 times a word vector and after the embedding LayerNorm the
+            model barely sees which token it reads. With `scale_embeddings` the default is 1, the original
+            Transformer's. Configs saved before this setting existed load with 1, as they were trained.
         attention_init (`str`, defaults to `"normal"`): How a model trained from scratch initialises its attention
             projections. `"normal"` draws them like every other weight (normal, `initializer_range`); `"mimetic"`
             sets, in each layer, every head's query-key product W_q W_k^T to the rank-head_dim part of 0.7 Z + 0.7 I
@@ -124,6 +131,7 @@ class SineBertConfig(PreTrainedConfig):
     norm_placement: Literal["post", "pre"] = "post"
     classifier_pooling: Literal["cls", "mean"] = "cls"
     scale_embeddings: bool = False
+    position_scale: float | None = None
     attention_init: Literal["normal", "mimetic"] = "normal"
     sparse_prediction: bool = False
     sliding_window: int | None = None
@@ -135,10 +143,19 @@ class SineBertConfig(PreTrainedConfig):
     token_dropping_keep: float = 0.5
 
     def __post_init__(self, **kwargs):
+        if self.position_scale is None:
+            self.position_scale = 1.0 if self.scale_embeddings else math.sqrt(2) * self.initializer_range
         self._validate()
         if getattr(self, "auto_map", None) is None and "auto_map" not in kwargs:
             kwargs["auto_map"] = dict(SINEBERT_AUTO_MAP)
         super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        # A saved sinebert config without position_scale predates it: its model added the sinusoid unscaled.
+        if config_dict.get("model_type") == cls.model_type and "position_scale" not in config_dict:
+            config_dict = {**config_dict, "position_scale": 1.0}
+        return super().from_dict(config_dict, **kwargs)
 
     def _validate(self):
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -167,6 +184,8 @@ class SineBertConfig(PreTrainedConfig):
             raise ValueError(
                 f"classifier_pooling must be one of {CLASSIFIER_POOLINGS}, got {self.classifier_pooling!r}."
             )
+        if not isinstance(self.position_scale, (int, float)) or not self.position_scale >= 0:
+            raise ValueError(f"position_scale must be a non-negative number, got {self.position_scale!r}.")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}.")
         if not self.initializer_range > 0:

@@ -116,7 +116,8 @@ class SineBertEmbeddings(nn.Module):
             _check_ids(case_ids, self.case_embeddings.shape[0], "case_ids", "letter case classes")
             inputs_embeds = inputs_embeds + F.embedding(case_ids, self.case_embeddings)  # as segment_match
         embeddings = inputs_embeds * self.embedding_scale
-        embeddings = embeddings + self.position_encoding(position_ids, embeddings.shape[1]).to(embeddings.dtype)
+        positions = self.position_encoding(position_ids, embeddings.shape[1]) * self.config.position_scale
+        embeddings = embeddings + positions.to(embeddings.dtype)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 embeddings = embeddings + self.token_type_embeddings.weight[0]
