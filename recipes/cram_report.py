@@ -100,7 +100,7 @@ def collect(paths, ledger, context: dict, order: list[str]) -> dict:
     return {
         "machine": {**context, "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
         "pretraining": {key: pretrain.get(key) for key in (
-            "eval_perplexity", "eval_loss", "eval_accuracy", "train_tokens", "train_steps", "train_seconds",
+            "perplexity", "eval_loss", "eval_accuracy", "train_tokens", "train_steps", "train_seconds",
             "train_tokens_per_second")},
         "embeddings": {key: embeddings.get(key) for key in (
             "corpus_tokens", "epochs", "train_tokens", "train_steps", "train_seconds", "final_loss")},
@@ -136,7 +136,7 @@ def headline_table(results: dict) -> list[str]:
     hf, tfidf, targets = REFERENCE["hf_pipeline"], REFERENCE["tfidf_logistic_regression"], TARGETS
     pretraining = results["pretraining"]
     tokens = pretraining["train_tokens"]
-    perplexity = (f"{_number(pretraining['eval_perplexity'])} ({tokens / 1e6:.2f} M tokens seen)"
+    perplexity = (f"{_number(pretraining['perplexity'])} ({tokens / 1e6:.2f} M tokens seen)"
                   if tokens is not None else "-")
     embeddings = results.get("embeddings") or {}
     cbow = (f"{embeddings['epochs']:.1f} epochs of {embeddings['corpus_tokens'] / 1e6:.2f} M tokens"

@@ -107,7 +107,7 @@ def stage_rows(paths, ledger, evaluation: dict) -> list[tuple[str, str, str, str
          _time(ledger.seconds("tokenizer")), "-"),
         ("pretraining (MLM)",
          f"{pretrain.get('train_steps', 0)} steps, {pretrain.get('train_tokens', 0):,} tokens; validation loss "
-         f"{pretrain.get('eval_loss', nan):.3f}, perplexity {pretrain.get('eval_perplexity', nan):.1f}, "
+         f"{pretrain.get('eval_loss', nan):.3f}, perplexity {pretrain.get('perplexity', nan):.1f}, "
          f"masked-token accuracy {pretrain.get('eval_accuracy', nan):.3f}",
          _time(ledger.seconds("pretrain")), _rate(pretrain)),
     ]

@@ -6,8 +6,9 @@ hub dataset.
 
 Arguments follow Hugging Face's run_qa_no_trainer.py; any of them can also come from --config_file (YAML/JSON).
 Scores are exact match and F1 with the official SQuAD normalisation; eval_predictions.json maps question ids to
-answers. The output folder serves `pipeline("extractive-question-answering", model=...)`, which answers as the
-evaluation did when given the same --max_seq_length, --doc_stride and --max_answer_length.
+answers. The output folder serves `pipeline("question-answering", model=..., trust_remote_code=True)` with or without
+sinebert installed, and answers as the evaluation did: the config stores the run's --max_seq_length, --doc_stride
+and --max_answer_length as the pipeline's defaults.
 """
 
 import argparse
@@ -20,7 +21,7 @@ from sinebert.training.errors import run_cli
 from sinebert.training.finetune import PaddingCollator, finetune_parser, finish, load_model, make_dataloaders
 from sinebert.training.loop import Trainer, setup_accelerator, shutdown
 from sinebert.training.models import load_tokenizer
-from sinebert.training.qa import QAEvaluation, load_qa_data, model_card, window_count
+from sinebert.training.qa import QAEvaluation, load_qa_data, model_card, pipeline_settings, window_count
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,6 +55,7 @@ def main(argv=None):
     tokenizer = load_tokenizer(args)
     data = load_qa_data(args, tokenizer)
     model = load_model(AutoModelForQuestionAnswering, args, tokenizer)
+    model.config.task_specific_params = {"question-answering": pipeline_settings(args)}
     train_dataloader, eval_dataloader = make_dataloaders(
         args, accelerator, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)
     )

@@ -8,6 +8,7 @@ Arguments follow Hugging Face's run_mlm_no_trainer.py; any of them can also come
 
 import argparse
 from functools import partial
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForMaskedLM
@@ -157,20 +158,20 @@ def main(argv=None):
     save_final(accelerator, model, tokenizer, args.output_dir, results)
     if accelerator.is_main_process:
         write_model_card(
-            f"{args.output_dir}/README.md",
+            Path(args.output_dir), args,
             title="sinebert (masked-language-model pretrained)",
             summary="A sinebert encoder pretrained with masked language modelling by `scripts/pretrain.py`.",
-            usage=f'import sinebert\nfrom transformers import pipeline\n\nfill = pipeline("fill-mask", '
-                  f'model="{args.output_dir}")\nfill("the capital of france is {tokenizer.mask_token} .")',
+            pipeline_tag="fill-mask",
+            call=f'pipe("the capital of france is {tokenizer.mask_token} .")',
             results=results,
             details={
-                "data": args.dataset_name or ", ".join(args.train_file or []),
+                "data": args.dataset_name or ", ".join(Path(f).name for f in args.train_file or []),
                 "size": f"hidden {model.config.hidden_size}, {model.config.num_hidden_layers} layers, "
                         f"{model.config.num_attention_heads} heads, FFN {model.config.intermediate_size}, "
                         f"vocabulary {model.config.vocab_size}",
                 "steps": f"{results['train_steps']} of batch {args.per_device_train_batch_size} x "
                          f"{accelerator.num_processes} processes x {args.gradient_accumulation_steps} accumulation",
-                "word embeddings": args.init_word_embeddings or args.model_name_or_path or "random",
+                "word embeddings": Path(args.init_word_embeddings or args.model_name_or_path or "random").name,
                 "sequence length": args.max_seq_length,
                 "masking": f"{args.mlm_probability:.0%} of tokens (80% [MASK], 10% random, 10% unchanged)",
                 "learning rate": f"{args.learning_rate} ({args.lr_scheduler_type} schedule)",

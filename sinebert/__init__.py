@@ -1,7 +1,7 @@
 """sinebert: a Hugging Face-native encoder with fixed sinusoidal positions.
 
 Importing the package registers `SineBertConfig`, every head and `SineBertTokenizer` with the transformers Auto
-classes, and the `extractive-question-answering` pipeline.
+classes, and the `question-answering` pipeline.
 """
 
 from transformers import (
@@ -40,13 +40,13 @@ for _auto, _model in (
     _auto.register(SineBertConfig, _model, exist_ok=True)
 AutoTokenizer.register(SineBertConfig, tokenizer_class=SineBertTokenizer, exist_ok=True)
 
-if "extractive-question-answering" not in PIPELINE_REGISTRY.get_supported_tasks():
-    PIPELINE_REGISTRY.register_pipeline(
-        "extractive-question-answering",
-        pipeline_class=ExtractiveQuestionAnsweringPipeline,
-        pt_model=AutoModelForQuestionAnswering,
-        type="text",
-    )
+# transformers 5 has no question-answering pipeline; one of a later release keeps its name.
+for _task in ("question-answering", "extractive-question-answering"):
+    if _task not in PIPELINE_REGISTRY.get_supported_tasks():
+        PIPELINE_REGISTRY.register_pipeline(
+            _task, pipeline_class=ExtractiveQuestionAnsweringPipeline, pt_model=AutoModelForQuestionAnswering,
+            type="text",
+        )
 
 __all__ = [
     "ExtractiveQuestionAnsweringPipeline",

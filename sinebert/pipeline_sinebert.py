@@ -1,9 +1,12 @@
 """Extractive question answering for transformers 5, which removed its `question-answering` pipeline.
 
-`import sinebert` registers `ExtractiveQuestionAnsweringPipeline` as `pipeline("extractive-question-answering")`;
-question-answering checkpoints also carry this file, so `pipeline("question-answering", model=path,
-trust_remote_code=True)` serves them in a process without sinebert. Like this pipeline in transformers 4: a
-question and a context in, `{"score", "start", "end", "answer"}` out, long contexts split into overlapping windows.
+`import sinebert` registers `ExtractiveQuestionAnsweringPipeline` as `pipeline("question-answering")` (and under
+its older name, `extractive-question-answering`); question-answering checkpoints also carry this file, so
+`pipeline("question-answering", model=path, trust_remote_code=True)` serves them in a process with or without
+sinebert. Like this pipeline in transformers 4: a question and a context in, `{"score", "start", "end", "answer"}`
+out, long contexts split into overlapping windows. A checkpoint of `scripts/finetune_qa.py` stores its run's window
+settings in `config.task_specific_params["question-answering"]`, and the pipeline starts from them, so that it
+answers as the run was evaluated.
 
 The span search (`top_spans`, `extract_answers`) is also what the fine-tuning script scores with, so the pipeline
 and the script's predictions agree. Imports only torch and transformers: a checkpoint carries this file.
@@ -127,16 +130,21 @@ def encode_windows(tokenizer, question: str, context: str, max_seq_len: int, doc
     return encoding, context_mask
 
 
+PREPROCESS_PARAMETERS = ("doc_stride", "max_seq_len")
+POSTPROCESS_PARAMETERS = ("top_k", "max_answer_len", "handle_impossible_answer")
+
+
 class ExtractiveQuestionAnsweringPipeline(Pipeline):
     """Answer questions by extracting a span of the context.
 
     ```python
-    qa = pipeline("extractive-question-answering", model="runs/qa")
+    qa = pipeline("question-answering", model="runs/qa", trust_remote_code=True)
     qa(question="Who wrote it?", context="It was written by Ada.")  # {'score': .., 'start': 18, 'end': 21, 'answer': 'Ada'}
     ```
     Parameters (at construction or per call): top_k (1), doc_stride (128), max_answer_len (15), max_seq_len
     (384; sinebert has no length limit, so longer windows work, best with a sliding-window model) and
-    handle_impossible_answer (False).
+    handle_impossible_answer (False). The checkpoint's `task_specific_params["question-answering"]` replace these
+    defaults; a value passed here replaces both.
     """
 
     _load_processor = False
@@ -153,19 +161,26 @@ class ExtractiveQuestionAnsweringPipeline(Pipeline):
                 f"Unknown parameters {sorted(kwargs)} for the extractive-question-answering pipeline; valid ones are "
                 "top_k, doc_stride, max_answer_len, max_seq_len and handle_impossible_answer."
             )
-        preprocess = {k: v for k, v in (("doc_stride", doc_stride), ("max_seq_len", max_seq_len)) if v is not None}
-        postprocess = {
-            k: v
-            for k, v in (
-                ("top_k", top_k), ("max_answer_len", max_answer_len),
-                ("handle_impossible_answer", handle_impossible_answer),
-            )
-            if v is not None
-        }
+        values = {k: v for k, v in (("doc_stride", doc_stride), ("max_seq_len", max_seq_len), ("top_k", top_k),
+                                    ("max_answer_len", max_answer_len),
+                                    ("handle_impossible_answer", handle_impossible_answer)) if v is not None}
+        preprocess = {k: values[k] for k in PREPROCESS_PARAMETERS if k in values}
+        postprocess = {k: values[k] for k in POSTPROCESS_PARAMETERS if k in values}
         for name, value in {**preprocess, **postprocess}.items():
             if name != "handle_impossible_answer" and (not isinstance(value, int) or value < (name != "doc_stride")):
                 raise ValueError(f"{name} must be a positive integer (doc_stride may be 0), got {value!r}.")
         return preprocess, {}, postprocess
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The window settings the checkpoint's fine-tuning run evaluated with (none for other checkpoints), under
+        # those given at construction.
+        params = getattr(self.model.config, "task_specific_params", None) or {}
+        run = params.get("question-answering", {})
+        self._preprocess_params = {
+            **{k: run[k] for k in PREPROCESS_PARAMETERS if k in run}, **self._preprocess_params}
+        self._postprocess_params = {
+            **{k: run[k] for k in POSTPROCESS_PARAMETERS if k in run}, **self._postprocess_params}
 
     def __call__(self, *args, **kwargs):
         """Accepts `question=..., context=...` (strings or equal-length lists), a dict with those keys, or a list

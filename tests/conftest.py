@@ -102,6 +102,20 @@ def load_script(name: str):
     return module
 
 
+def check_model_card(out, results: dict):
+    """The card's metadata is what the hub reads; its scores are the run's; args.json holds every argument."""
+    import json
+
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "transformers" and "sinebert" in card.data.tags
+    scores = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    assert scores and all(scores[key] == pytest.approx(results[key], rel=1e-5) for key in scores), scores
+    assert "trust_remote_code=True" in card.text and str(out.parent) not in card.content  # no absolute paths
+    assert json.loads((out / "args.json").read_text())["output_dir"] == str(out)
+
+
 def user_error(capsys, script, argv) -> str:
     """Run a script's main through its CLI wrapper and return the one error line it prints (exit status 2)."""
     from sinebert.training.errors import run_cli

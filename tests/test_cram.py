@@ -184,7 +184,7 @@ def test_markdown_table_marks_targets_and_shows_every_stage():
         "machine": {"mode": "full", "date": "2026-01-02", "cpu": "AMD EPYC", "cores": 2, "gpus": 0, "torch": "2.13",
                     "launch": "2 CPU processes x 1 thread(s)", "command": "make cram",
                     "load_average_at_start": [2.0, 2.0, 2.0], "load_average_at_end": [3.0, 2.5, 2.1]},
-        "pretraining": {"eval_perplexity": 40.25, "train_tokens": 5_500_000},
+        "pretraining": {"perplexity": 40.25, "train_tokens": 5_500_000},
         "sinebert": {"pretrained": metrics, "scratch": {**metrics, "sst2_accuracy": None}},
         "targets_met": {"sst2_accuracy": True, "conll2003_f1": False, "squad_f1": True},
         "stages": [{"stage": "pretrain", "wall_seconds": 1300.0, "resumed": True, "budget_minutes": 20.0,
@@ -218,8 +218,8 @@ def test_quick_cram_end_to_end_then_reused(tmp_path, shared_layout, sotu_cache):
     results = json.loads((output / "results" / "cram.json").read_text())
     assert results["embeddings"]["epochs"] > 0 and results["embeddings"]["train_steps"] >= 1
     pretraining = results["pretraining"]
-    assert pretraining["train_steps"] >= 1 and 1.0 < pretraining["eval_perplexity"] < 1000 * 1.5
-    assert math.isclose(math.log(pretraining["eval_perplexity"]), pretraining["eval_loss"], rel_tol=1e-3)
+    assert pretraining["train_steps"] >= 1 and 1.0 < pretraining["perplexity"] < 1000 * 1.5
+    assert math.isclose(math.log(pretraining["perplexity"]), pretraining["eval_loss"], rel_tol=1e-3)
     for start in cram.STARTS:
         scores = results["sinebert"][start]
         assert set(scores) == {"sst2_accuracy", "conll2003_f1", "conll2003_valid_f1", "squad_exact_match", "squad_f1"}

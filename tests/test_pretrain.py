@@ -9,10 +9,11 @@ import subprocess
 import pytest
 import torch
 from safetensors.torch import load_file
+from huggingface_hub import ModelCard
 from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401
-from tests.conftest import ROOT, accelerate_command, launch_script, load_script, user_error
+from tests.conftest import ROOT, accelerate_command, check_model_card, launch_script, load_script, user_error
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +53,8 @@ def test_one_process_learns_and_the_result_serves(text_corpus, tokenizer_dir, tm
     assert results["train_steps"] == 60 and results["train_tokens_per_second"] > 0
     for name in ("README.md", "training_curves.png", "model.safetensors", "tokenizer.json"):
         assert (out / name).is_file(), name
+    check_model_card(out, results)
+    assert {"perplexity", "eval_accuracy"} <= {r.metric_name for r in ModelCard.load(out / "README.md").data.eval_results}
     model = AutoModelForMaskedLM.from_pretrained(out)
     assert type(model).__name__ == "SineBertForMaskedLM" and model.config.sparse_prediction
     predictions = pipeline("fill-mask", model=str(out))("the movie is [MASK] .")

@@ -319,8 +319,8 @@ def model_card(args, data: ClassificationData) -> dict:
         "summary": f"A sinebert encoder fine-tuned by `scripts/finetune_classification.py` "
                    f"({data.labels.problem_type.replace('_', ' ')}"
                    f"{', labels: ' + ', '.join(data.labels.names) if data.labels.names else ''}).",
-        "usage": f'import sinebert\nfrom transformers import pipeline\n\nclassify = pipeline("text-classification", '
-                 f'model="{args.output_dir}")\nclassify({pipeline_call})',
+        "pipeline_tag": "text-classification",
+        "call": f"pipe({pipeline_call})",
         "details": {
             "columns": f"text {data.columns.text!r}"
                        f"{f', pair {data.columns.pair!r}' if data.columns.pair else ''}, label {data.columns.label!r}",

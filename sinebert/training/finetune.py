@@ -229,7 +229,7 @@ class Evaluation(ABC):
 def finish(args, accelerator: Accelerator, trainer: Trainer, tokenizer, evaluation: Evaluation, results: dict,
            card: dict) -> nn.Module:
     """The end of every fine-tuning run: curves, `save_pretrained` with the tokenizer and `all_results.json`, the
-    predictions of the final model and a model card (`card`: title, summary, usage and task-specific details).
+    predictions of the final model, a model card (`card`: the arguments of `write_model_card`) and args.json.
     Returns the unwrapped model."""
     if evaluation.predictions is None:  # a run resumed at its last step evaluates nothing during `fit`
         trainer.model.eval()
@@ -242,7 +242,7 @@ def finish(args, accelerator: Accelerator, trainer: Trainer, tokenizer, evaluati
         trainer.best_weights.unlink(missing_ok=True)  # kept until now so that a resumed run could restore them
         evaluation.write(Path(args.output_dir))
         details = {**training_details(args, accelerator, model, results), **card.get("details", {})}
-        write_model_card(Path(args.output_dir) / "README.md", **{**card, "details": details}, results=results)
+        write_model_card(Path(args.output_dir), args, **{**card, "details": details}, results=results)
     accelerator.wait_for_everyone()
     return model
 
@@ -252,7 +252,7 @@ def training_details(args, accelerator: Accelerator, model: nn.Module, results: 
     config = model.config
     start = args.model_name_or_path or "scratch (no pretraining)"
     return {
-        "data": args.dataset_name or ", ".join(args.train_file or []),
+        "data": args.dataset_name or ", ".join(Path(f).name for f in args.train_file or []),
         "started from": start,
         "size": f"hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} "
                 f"heads, FFN {config.intermediate_size}, vocabulary {config.vocab_size}",

@@ -186,7 +186,7 @@ def evaluate_mlm(model, dataloader, accelerator) -> dict:
     loss = loss_sum / max(count, 1.0)
     return {
         "eval_loss": loss,
-        "eval_perplexity": float(torch.tensor(loss).exp()),
+        "perplexity": float(torch.tensor(loss).exp()),
         "eval_accuracy": correct / max(count, 1.0),
         "eval_masked_tokens": int(count),
     }

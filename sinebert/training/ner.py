@@ -306,8 +306,9 @@ def model_card(args, data: NerData) -> dict:
         "title": "sinebert fine-tuned for named-entity recognition",
         "summary": f"A sinebert encoder fine-tuned by `scripts/finetune_ner.py` to tag the entity types "
                    f"{', '.join(types)} (IOB2 tags).",
-        "usage": f'import sinebert\nfrom transformers import pipeline\n\ntag = pipeline("token-classification", '
-                 f'model="{args.output_dir}", aggregation_strategy="first")\ntag("Ada Lovelace was born in London .")',
+        "pipeline_tag": "token-classification",
+        "pipeline_kwargs": ', aggregation_strategy="first"',
+        "call": 'pipe("Ada Lovelace was born in London .")',
         "details": {
             "tags": ", ".join(data.names),
             "label alignment": "every sub-token" if args.label_all_tokens else "first sub-token of each word",

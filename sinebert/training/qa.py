@@ -2,7 +2,7 @@
 json / jsonl form (columns id, title, context, question, answers{text, answer_start}) and hub datasets.
 
 Long contexts are split into overlapping windows (`--doc_stride`) by the same function the
-`extractive-question-answering` pipeline uses, and answers are extracted by the pipeline's own `extract_answers`,
+`question-answering` pipeline uses, and answers are extracted by the pipeline's own `extract_answers`,
 so the pipeline serving the saved model answers exactly as this evaluation scored it.
 """
 
@@ -292,16 +292,19 @@ class QAEvaluation(Evaluation):
         (output_dir / "eval_nbest_predictions.json").write_text(json.dumps(self.nbest, indent=2, ensure_ascii=False))
 
 
+def pipeline_settings(args) -> dict:
+    """The pipeline parameters that answer as this run evaluates (stored in the checkpoint's config)."""
+    return {"max_seq_len": args.max_length, "doc_stride": args.doc_stride, "max_answer_len": args.max_answer_length,
+            "handle_impossible_answer": bool(args.version_2_with_negative)}
+
+
 def model_card(args, data: QAData) -> dict:
     return {
         "title": "sinebert fine-tuned for extractive question answering",
         "summary": "A sinebert encoder fine-tuned by `scripts/finetune_qa.py` to extract answers from a context"
                    f"{' or say there is none' if args.version_2_with_negative else ''}.",
-        "usage": 'import sinebert\nfrom transformers import pipeline\n\n'
-                 f'qa = pipeline("extractive-question-answering", model="{args.output_dir}")\n'
-                 'qa(question="Who wrote it?", context="It was written by Ada.", '
-                 f'max_seq_len={args.max_length}, doc_stride={args.doc_stride}, max_answer_len={args.max_answer_length}'
-                 f'{", handle_impossible_answer=True" if args.version_2_with_negative else ""})',
+        "pipeline_tag": "question-answering",
+        "call": 'pipe(question="Who wrote it?", context="It was written by Ada.")  # windows as the run evaluated',
         "details": {
             "windows": f"{args.max_length} tokens, overlapping by --doc_stride {args.doc_stride}",
             "answers": f"at most {args.max_answer_length} tokens, best of {args.n_best_size} per window",

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")  # no display on training machines
 import matplotlib.pyplot as plt  # noqa: E402
@@ -86,13 +87,73 @@ def write_json(path: Path, values: dict):
     Path(path).write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
-def write_model_card(path: Path, *, title: str, summary: str, usage: str, results: dict, details: dict):
-    """A README.md for the saved model: what it is, how to load it, how it was trained and what it scored."""
-    lines = [f"# {title}", "", summary, "", "## Usage", "", "```python", usage.strip(), "```", "", "## Training", ""]
+# The hub's task names for each pipeline tag, as model-index entries spell them.
+TASK_NAMES = {"fill-mask": "Masked Language Modeling", "text-classification": "Text Classification",
+              "token-classification": "Token Classification", "question-answering": "Question Answering"}
+
+
+def write_model_card(folder: Path, args, *, title: str, summary: str, pipeline_tag: str, call: str, results: dict,
+                     details: dict, pipeline_kwargs: str = ""):
+    """README.md for the saved model, with the YAML metadata the hub reads (library, task, base model, datasets, the
+    validation scores in model-index form), and args.json, every argument of the run.
+
+    `call` is the example call of the pipeline object `pipe`; the usage shows it with sinebert installed and, for
+    machines without it, with `trust_remote_code=True`. Paths in the card are the folder's name and file names, so
+    that it reads the same wherever the folder goes (the hub id once --hub_model_id is given).
+    """
+    folder = Path(folder)
+    name = getattr(args, "hub_model_id", None) or folder.name
+    metadata = card_metadata(args, name, pipeline_tag, results)
+    load = f'pipe = pipeline("{pipeline_tag}", model="{name}"{pipeline_kwargs}'
+    lines = ["---", yaml.safe_dump(metadata, sort_keys=False).strip(), "---", "", f"# {title}", "", summary, "",
+             "## Usage", "", "```python", "import sinebert  # registers the model with the Auto classes",
+             "from transformers import pipeline", "", f"{load})", call, "```", "",
+             "Without the sinebert package, the folder's own model code loads it:", "", "```python",
+             "from transformers import pipeline", "", f"{load}, trust_remote_code=True)", call, "```", "",
+             "## Training", ""]
     lines += [f"- {key}: {value}" for key, value in details.items()]
-    lines += ["", "## Results", "", "| metric | value |", "|---|---|"]
-    lines += [f"| {key} | {_fmt(value)} |" for key, value in sorted(results.items()) if not isinstance(value, (dict, list))]
-    Path(path).write_text("\n".join(lines) + "\n")
+    lines += ["- arguments: `args.json`", "", "## Results", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {key} | {_fmt(value)} |" for key, value in sorted(results.items()) if _scalar_number(value)]
+    (folder / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_json(folder / "args.json", {key: _plain(value) for key, value in vars(args).items()})
+
+
+def card_metadata(args, name: str, pipeline_tag: str, results: dict) -> dict:
+    """The model card's YAML header (huggingface_hub.ModelCard reads it): scores under model-index."""
+    dataset = getattr(args, "dataset_name", None)
+    files = [Path(f).name for f in getattr(args, "train_file", None) or []]
+    metadata = {"library_name": "transformers", "pipeline_tag": pipeline_tag, "tags": ["sinebert", pipeline_tag]}
+    start = getattr(args, "model_name_or_path", None)
+    if start and not Path(start).exists():  # a hub id; a local folder means nothing to the hub
+        metadata["base_model"] = start
+    if dataset:
+        metadata["datasets"] = [dataset]
+    metrics = [{"type": key.removeprefix("eval_"), "value": float(f"{value:.6g}"), "name": key}
+               for key, value in sorted(results.items())
+               if (key.startswith("eval_") or key == "perplexity") and _scalar_number(value)
+               and key != "eval_masked_tokens"]
+    if metrics:
+        metadata["model-index"] = [{"name": name, "results": [{
+            "task": {"type": pipeline_tag, "name": TASK_NAMES[pipeline_tag]},
+            "dataset": {"name": dataset or ", ".join(files) or "local files", "type": dataset or "local",
+                        **({"config": args.dataset_config_name} if getattr(args, "dataset_config_name", None) else {}),
+                        "split": "validation"},
+            "metrics": metrics,
+        }]}]
+    return metadata
+
+
+def _scalar_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _plain(value):
+    """A JSON value for an argument (paths and other objects as strings)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
 
 
 def _fmt(value):
