@@ -10,7 +10,8 @@ mask (True where a query may attend) and an output `(batch, q_seq, heads, head_d
     sdpa           PyTorch's scaled_dot_product_attention              full attention under "sdpa" elsewhere
     matmul         two batched matmuls and a softmax in the dtype      the same, for bf16 on a CPU
     local_blocked  sliding windows in O(seq * window) memory           sliding-window layers under "sdpa"
-    eager          the reference, with weights (the band as a mask)    every layer under "eager"
+    eager          the reference, with weights (the band as a mask)    every layer under "eager"; sliding-window
+                                                                       layers in an exported graph
 
 "varlen" takes the padding-free layout's rows as they are, all sequences one after another in one row (as
 transformers' flash_attention_2 takes packed sequences): query/key/value `(1, heads, total, head_dim)` and the
@@ -225,6 +226,12 @@ SINEBERT_ATTENTION_FUNCTIONS["varlen"] = varlen_attention_forward
 LOCAL_ATTENTION_KERNELS = {"eager": "eager", "sdpa": "local_blocked"}
 
 
+def is_tracing() -> bool:
+    """Whether the model runs under an exporter (`torch.export`, `torch.onnx.export` old or new): then the graph may
+    depend on the input's shapes only, so every choice made from its values (padding, ids, lengths) is left out."""
+    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
 def varlen_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether PyTorch's varlen FlashAttention runs here: a CUDA GPU of compute capability 8 or more, bf16 or fp16."""
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
@@ -268,4 +275,6 @@ def local_attention_kernel(attn_implementation: str | None) -> str:
             f"attn_implementation={implementation!r} has no sliding-window kernel; load the model with "
             f"attn_implementation='sdpa' (blocked local kernel) or 'eager' (the reference), or set sliding_window=None."
         )
+    if is_tracing():  # the blocked kernel's blocks depend on the length; an exported graph writes the band out
+        return "eager"
     return LOCAL_ATTENTION_KERNELS[implementation]

@@ -9,7 +9,9 @@ Two more choices of rows ride on the same layout: the last layer computes only t
 (`output_mask`), and the layers of token dropping only the kept tokens (`kept_tokens`, Hou et al., 2022).
 
 `modeling_sinebert.py` holds the model; this file only says where its rows go. Under the eager reference nothing is
-unpadded: every position is computed as written, and token dropping is written out with masks.
+unpadded: every position is computed as written, and token dropping is written out with masks. A model being
+exported (`torch.export`, `torch.onnx.export`) takes that padded path with its implementation's kernels, since the
+rows of a batch depend on its values and an exported graph may depend only on its shapes.
 """
 
 from typing import NamedTuple
@@ -19,6 +21,7 @@ import torch
 from .attention_sinebert import (
     MATMUL_KEY_MULTIPLE,
     full_attention_kernel,
+    is_tracing,
     local_attention_kernel,
     local_attention_mask,
 )
@@ -41,7 +44,7 @@ FILLED_MIN_ROWS = 256
 
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """`(batch, seq)` 1/0 padding mask -> boolean `(batch, 1, 1, seq)`, or None when nothing is padded (which
-    lets SDPA take its unmasked fast path)."""
+    lets SDPA take its unmasked fast path; an exported graph always applies the mask)."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2:
@@ -50,7 +53,7 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
             f"{tuple(attention_mask.shape)}."
         )
     mask = attention_mask.bool()
-    if bool(mask.all()):
+    if not is_tracing() and bool(mask.all()):
         return None
     return mask[:, None, None, :]
 
@@ -345,7 +348,7 @@ class TokenLayout:
                  packed: bool = False):
         """`packed`: full attention runs "varlen" (`attention_sinebert.packed_attention`); then every batch is
         packed, padded or not, so that what runs is what is reported."""
-        fast = config._attn_implementation != "eager"
+        fast = config._attn_implementation != "eager" and not is_tracing()
         multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
         self.masks = self._masks(config, attention_mask, shape[1], device)
         self.packed = packed

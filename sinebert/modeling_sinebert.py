@@ -30,6 +30,7 @@ from transformers.utils.generic import can_return_tuple
 from .attention_sinebert import (
     SINEBERT_ATTENTION_FUNCTIONS,
     full_attention_kernel,
+    is_tracing,
     local_attention_kernel,
     packed_attention,
 )
@@ -78,6 +79,9 @@ class SineBertEmbeddings(nn.Module):
     def position_encoding(self, position_ids: torch.LongTensor | None, seq_length: int) -> torch.Tensor:
         """`(batch or 1, seq, hidden)` encodings; positions past the cached table are computed on the fly."""
         table = self.position_table
+        if is_tracing():  # computed, so that the graph holds for any length
+            positions = torch.arange(seq_length, device=table.device)[None] if position_ids is None else position_ids
+            return sinusoidal_encoding(positions, self.config.hidden_size)
         if position_ids is None:
             if seq_length <= table.shape[0]:
                 return table[None, :seq_length]
@@ -134,10 +138,14 @@ def cross_segment_matches(
     against the rest). A lookup of sorted keys, O(batch * seq) memory, so long inputs cost no (seq, seq) table."""
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None]  # (batch, 1)
     keys = (rows * vocab_size + input_ids) * 2 + (token_type_ids != 0)  # (batch, seq)
+    if is_tracing():  # ONNX has no sorted lookup (isin's searchsorted): compare all pairs, (batch, seq, seq)
+        return ((keys ^ 1)[:, :, None] == keys[:, None, :]).any(dim=-1)
     return torch.isin(keys ^ 1, keys)  # the same row and id, the other segment
 
 
 def _check_ids(ids: torch.Tensor, size: int, name: str, config_name: str):
+    if is_tracing():  # a check of values, which an exported graph cannot branch on
+        return
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
         bad = ids[(ids < 0) | (ids >= size)][0].item()
         raise ValueError(
@@ -230,7 +238,8 @@ class SineBertAttention(nn.Module):
         batch, q_seq = query.shape[0], query.shape[2]
         if q_seq == 0 or key.shape[2] == 0:  # nothing to compute, and SDPA rejects empty sequences
             return query.new_zeros(batch, q_seq, self.num_heads, self.head_dim), None
-        kernel = self.kernel_name(query.device, query.dtype, query.shape[:3].numel() * key.shape[2], bool(packing))
+        scores = batch * query.shape[1] * q_seq * key.shape[2]  # (a product of sizes, not Size.numel(): exportable)
+        kernel = self.kernel_name(query.device, query.dtype, scores, bool(packing))
         if output_attentions and kernel != "eager":
             raise ValueError(
                 f"output_attentions=True needs the eager attention kernel, but this layer runs {kernel!r}; "
@@ -480,6 +489,8 @@ class SineBertModel(SineBertPreTrainedModel):
     def _packed(self, device: torch.device, dtype: torch.dtype) -> bool:
         """Whether full attention runs "varlen" on packed rows here (never while attention dropout is on)."""
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        if is_tracing():
+            return False
         return packed_attention(self.config._attn_implementation, device, dtype, dropout)
 
     def _compute_dtype(self, device: torch.device) -> torch.dtype:
@@ -582,7 +593,7 @@ class SineBertForSequenceClassification(SineBertPreTrainedModel):
     def _first_token_mask(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         """`(batch, seq)` True at the first token of `inputs` (ids or embeddings), for the encoder to compute only
         there under "cls" pooling; None with mean pooling, or where a row starts with padding (left-padded batches)."""
-        if self.config.classifier_pooling != "cls":
+        if self.config.classifier_pooling != "cls" or is_tracing():
             return None
         if attention_mask is not None and not bool(attention_mask[:, 0].all()):
             return None
@@ -677,8 +688,8 @@ class SineBertForTokenClassification(SineBertPreTrainedModel):
 
 
 class SineBertForQuestionAnswering(SineBertPreTrainedModel):
-    """Extractive QA: start and end logits over the tokens. Served by the `extractive-question-answering`
-    pipeline that `import sinebert` registers (transformers 5 removed its own `question-answering` pipeline)."""
+    """Extractive QA: start and end logits over the tokens. Served by the `question-answering` pipeline that
+    `import sinebert` registers and that the checkpoint carries (transformers 5 removed its own)."""
 
     def __init__(self, config: SineBertConfig):
         super().__init__(config)

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoTokenizer, pipeline
+from transformers import AutoModel, AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401  (registers the Auto classes and the QA pipeline)
 from sinebert import (
@@ -200,3 +200,22 @@ def _run_without_package(script: str, cwd) -> str:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def test_sentence_transformers_mean_pooling_and_save_reload(saved_heads, tmp_path):
+    from sentence_transformers import SentenceTransformer, models
+
+    folder = str(saved_heads["AutoModel"])
+    encoder = SentenceTransformer(modules=[models.Transformer(folder), models.Pooling(32, pooling_mode="mean")],
+                                  device="cpu")
+    sentences = ["a fine film", "the plot of the film is thin and dull"]
+    embeddings = encoder.encode(sentences, convert_to_tensor=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs = tokenizer(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = AutoModel.from_pretrained(folder).eval()(**inputs).last_hidden_state
+    mask = inputs["attention_mask"][..., None].float()
+    torch.testing.assert_close(embeddings, (hidden * mask).sum(1) / mask.sum(1), atol=1e-5, rtol=1e-5)
+    encoder.save(str(tmp_path / "st"))
+    again = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(sentences, convert_to_tensor=True)
+    torch.testing.assert_close(again, embeddings, atol=0, rtol=0)
