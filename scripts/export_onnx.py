@@ -15,11 +15,12 @@ from transformers import AutoConfig
 
 import sinebert
 from sinebert.export import OUTPUT_NAMES, example_inputs, export_onnx
+from sinebert.training.arguments import ArgumentParser
 from sinebert.training.errors import UserError, run_cli
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_name_or_path", required=True, help="A saved sinebert folder (or hub name).")
     parser.add_argument("--output_file", required=True, help="Where the .onnx file goes.")
     parser.add_argument("--opset_version", type=int, default=18)

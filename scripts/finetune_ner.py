@@ -22,7 +22,7 @@ from sinebert.training.ner import SCHEMES, NerEvaluation, labelled_token_count, 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = finetune_parser(__doc__, max_length=128, batch_size=32, epochs=3)
+    parser = finetune_parser(__doc__, script="ner", max_length=128, batch_size=32, epochs=3)
     group = parser.add_argument_group("named-entity recognition")
     group.add_argument("--text_column_name", help="json / hub data: the column of token lists (default: 'tokens').")
     group.add_argument("--label_column_name", help="json / hub data: the column of tag lists (default: 'ner_tags').")

@@ -25,7 +25,7 @@ from sinebert.training.qa import QAEvaluation, load_qa_data, model_card, pipelin
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = finetune_parser(__doc__, max_length=384, batch_size=16, epochs=2)
+    parser = finetune_parser(__doc__, script="qa", max_length=384, batch_size=16, epochs=2)
     group = parser.add_argument_group("question answering")
     group.add_argument("--doc_stride", type=int, default=128, help="Tokens shared by consecutive context windows.")
     group.add_argument("--max_answer_length", type=int, default=30, help="Longest answer, in tokens.")

@@ -15,7 +15,9 @@ from transformers import AutoModelForMaskedLM
 
 import sinebert  # noqa: F401  (registers the Auto classes)
 from sinebert.training.arguments import (
+    ArgumentParser,
     add_data_arguments,
+    add_example_script_arguments,
     add_model_arguments,
     add_training_arguments,
     parse_with_config_file,
@@ -23,6 +25,7 @@ from sinebert.training.arguments import (
 from sinebert.training.data import hold_out_validation, load_splits, pick_column
 from sinebert.training.embeddings import init_word_embeddings
 from sinebert.training.errors import UserError, run_cli
+from sinebert.training.hub import add_hub_arguments, push_folder
 from sinebert.training.loop import Task, Trainer, save_final, setup_accelerator, shutdown
 from sinebert.training.mlm import (
     MaskingCollator,
@@ -38,7 +41,9 @@ from sinebert.training.reporting import write_model_card
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_example_script_arguments(parser, "mlm")
+    add_hub_arguments(parser)
     add_data_arguments(parser)
     add_model_arguments(parser)
     add_size_arguments(parser)
@@ -97,7 +102,8 @@ def load_blocks(args, accelerator, tokenizer):
     splits = hold_out_validation(splits, args.validation_split_percentage, args.seed)
     with accelerator.main_process_first():
         blocks = {
-            name: pack_dataset(split, tokenizer, args.max_seq_length, text_column, args.preprocessing_num_workers)
+            name: pack_dataset(split, tokenizer, args.max_seq_length, text_column, args.preprocessing_num_workers,
+                               use_cache=not args.overwrite_cache)
             for name, split in splits.items()
             if name in ("train", "validation")
         }
@@ -178,6 +184,7 @@ def main(argv=None):
                 "mixed precision": accelerator.mixed_precision,
             },
         )
+        push_folder(args, Path(args.output_dir))
     shutdown(accelerator, trainer, model)
 
 

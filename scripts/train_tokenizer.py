@@ -9,14 +9,14 @@ import argparse
 import json
 from pathlib import Path
 
-from sinebert.training.arguments import parse_with_config_file
+from sinebert.training.arguments import ArgumentParser, parse_with_config_file
 from sinebert.training.data import add_text_arguments, training_texts
 from sinebert.training.errors import UserError, run_cli
 from sinebert.training.tokenizer import SPECIAL_TOKENS, train_wordpiece
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_text_arguments(parser)
     parser.add_argument("--streaming", action="store_true", help="Read the data lazily (corpora beyond memory).")
     parser.add_argument("--vocab_size", type=int, default=16000)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from sinebert.training.arguments import parse_with_config_file
+from sinebert.training.arguments import ArgumentParser, parse_with_config_file
 from sinebert.training.data import add_text_arguments, training_texts
 from sinebert.training.embeddings import FILE_NAME, save_word_embeddings, token_stream, train_cbow
 from sinebert.training.errors import UserError, run_cli
@@ -22,7 +22,7 @@ from sinebert.training.models import load_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_text_arguments(parser)
     parser.add_argument("--tokenizer_name", required=True, help="The tokenizer pretraining will use.")
     parser.add_argument("--model_name_or_path", help=argparse.SUPPRESS)  # load_tokenizer reads it; never set here

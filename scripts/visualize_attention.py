@@ -12,11 +12,12 @@ from pathlib import Path
 
 import sinebert  # noqa: F401  (registers the Auto classes)
 from sinebert.training.attention import attention_maps, plot_attention_grid
+from sinebert.training.arguments import ArgumentParser
 from sinebert.training.errors import run_cli
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_name_or_path", required=True, help="A saved checkpoint folder.")
     parser.add_argument("--text", required=True, help="The text whose attention to show.")
     parser.add_argument("--output_file", help="The PNG to write (default: attention.png in the checkpoint folder).")

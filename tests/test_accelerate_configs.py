@@ -54,3 +54,18 @@ def test_the_readme_multi_gpu_command_resolves_to_every_gpu_of_a_machine():
     args, env = dry_run(arguments)
     assert args.multi_gpu and args.num_processes == int(re.search(r"--num_processes (\d+)", line).group(1))
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("ACCELERATE_USE_FSDP", "true", "The launch config asks for FSDP, which accelerate runs on GPUs only"),
+    ("MASTER_ADDR", "FIRST_MACHINE_ADDRESS", "main_process_ip is still FIRST_MACHINE_ADDRESS"),
+])
+def test_configs_that_cannot_run_here_are_one_sentence_before_anything_starts(tmp_path, capsys, monkeypatch, variable,
+                                                                              value, message):
+    """What `accelerate launch` sets for fsdp.yaml on a machine without a GPU, and for multi_node.yaml as shipped."""
+    from tests.conftest import load_script, user_error
+
+    monkeypatch.setenv(variable, value)
+    argv = ["--train_file", tmp_path / "x.txt", "--output_dir", tmp_path / "out"]
+    assert message in user_error(capsys, load_script("pretrain"), argv)
+    assert not (tmp_path / "out").exists()

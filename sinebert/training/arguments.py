@@ -14,6 +14,33 @@ from .errors import UserError
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with one sentence for a bad command line where argparse prints the whole usage (60 lines here)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; `{self.prog} --help` lists the arguments.\n")
+
+
+# Flags of Hugging Face's run_mlm / run_glue / run_ner / run_qa no_trainer examples that sinebert's scripts take but
+# cannot honour, and the sentence each gets (a flag that works is an ordinary argument of the script).
+REFUSED_EXAMPLE_FLAGS = {
+    "use_slow_tokenizer": "--use_slow_tokenizer: sinebert needs a fast tokenizer (offsets and word ids come from it); "
+                          "drop the flag.",
+    "line_by_line": "--line_by_line: pretraining packs lines into full blocks of --max_seq_length tokens (no "
+                    "padding, the same tokens per step); drop the flag, and mark document ends with blank lines.",
+    "pad_to_max_length": "--pad_to_max_length: sinebert removes padding before its layers, so padding every batch "
+                         "to --max_length would only cost time; drop the flag.",
+    "do_predict": "--do_predict / --test_file: score another file by fine-tuning with --validation_file set to it, or "
+                  "run the saved folder with --max_train_steps 0 and --validation_file (it evaluates and saves).",
+    "test_file": "--test_file: score another file by fine-tuning with --validation_file set to it, or run the saved "
+                 "folder with --max_train_steps 0 and --validation_file (it evaluates and saves).",
+    "max_predict_samples": "--max_predict_samples: there is no prediction stage; --max_eval_samples limits the "
+                           "--validation_file questions that are scored.",
+    "null_score_diff_threshold": "--null_score_diff_threshold: with --version_2_with_negative the empty answer "
+                                 "competes with the spans by probability, without a threshold; drop the flag.",
+}
+
+
 def _steps_or_epoch(value: str):
     if value in (None, "epoch"):
         return value
@@ -50,6 +77,50 @@ def add_data_arguments(parser: argparse.ArgumentParser):
     group.add_argument("--max_train_samples", type=int, help="Keep only this many training examples (for quick runs).")
     group.add_argument("--max_eval_samples", type=int, help="Keep only this many evaluation examples.")
     group.add_argument("--preprocessing_num_workers", type=int, help="Processes for tokenisation.")
+
+
+def add_example_script_arguments(parser: argparse.ArgumentParser, script: str):
+    """The flags of Hugging Face's `run_<script>_no_trainer.py` (mlm, glue, ner, qa) that the script has no argument
+    of its own for: each works with its Hugging Face meaning, or `check_example_script_flags` refuses it in one
+    sentence (REFUSED_EXAMPLE_FLAGS)."""
+    group = parser.add_argument_group(f"flags of Hugging Face's run_{script}_no_trainer.py")
+    group.add_argument("--model_type", help="Accepted as 'sinebert', the only model these scripts train.")
+    group.add_argument("--low_cpu_mem_usage", action="store_true",
+                       help="Accepted: transformers 5 always builds the model empty and loads the weights into it.")
+    group.add_argument("--overwrite_cache", action="store_true",
+                       help="Tokenize again instead of reading the datasets cache." if script == "mlm" else
+                       "Accepted: fine-tuning tokenizes in memory at every start and caches nothing.")
+    group.add_argument("--use_slow_tokenizer", action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--pad_to_max_length", action="store_true",
+                       help="Accepted: every block is --max_seq_length tokens." if script == "mlm" else argparse.SUPPRESS)
+    if script == "mlm":
+        group.add_argument("--line_by_line", action="store_true", help=argparse.SUPPRESS)
+    if script == "ner":
+        group.add_argument("--task_name", choices=("ner", "pos", "chunk"),
+                           help="Hub CoNLL-2003-style data: tag with the '<task>_tags' column (default: ner).")
+        group.add_argument("--return_entity_level_metrics", action="store_true",
+                           help="Accepted: the results always hold precision, recall and F1 per entity type.")
+    if script == "qa":
+        group.add_argument("--do_predict", action="store_true", help=argparse.SUPPRESS)
+        group.add_argument("--test_file", help=argparse.SUPPRESS)
+        group.add_argument("--max_predict_samples", type=int, help=argparse.SUPPRESS)
+        group.add_argument("--null_score_diff_threshold", type=float, help=argparse.SUPPRESS)
+
+
+def check_example_script_flags(args: argparse.Namespace):
+    """UserError for an example-script flag the script cannot honour, or a --model_type other than sinebert."""
+    if getattr(args, "model_type", None) not in (None, "sinebert"):
+        raise UserError(
+            f"--model_type {args.model_type}: these scripts train sinebert; Hugging Face's own run_*_no_trainer.py "
+            "examples train other model types."
+        )
+    if hasattr(args, "return_entity_level_metrics") and args.task_name and args.label_column_name is None:
+        args.label_column_name = f"{args.task_name}_tags"  # run_ner's --task_name picks the tag column
+    if getattr(args, "pad_to_max_length", False) and hasattr(args, "line_by_line"):
+        args.pad_to_max_length = False  # pretraining: blocks are full already
+    for name, sentence in REFUSED_EXAMPLE_FLAGS.items():
+        if getattr(args, name, None) not in (None, False):
+            raise UserError(sentence)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser):
@@ -216,6 +287,7 @@ def parse_with_config_file(parser: argparse.ArgumentParser, argv: list[str] | No
         parser.set_defaults(**_typed(parser, known.config_file, values))
     args = parser.parse_args(argv)
     check_ranges(args)
+    check_example_script_flags(args)
     return args
 
 

@@ -15,8 +15,15 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from .arguments import add_data_arguments, add_model_arguments, add_training_arguments
+from .arguments import (
+    ArgumentParser,
+    add_data_arguments,
+    add_example_script_arguments,
+    add_model_arguments,
+    add_training_arguments,
+)
 from .errors import UserError
+from .hub import add_hub_arguments, push_folder
 from .loop import Task, Trainer, save_final
 from .models import add_size_arguments, load_pretrained
 from .reporting import write_model_card
@@ -24,10 +31,14 @@ from .reporting import write_model_card
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "case_ids")
 
 
-def finetune_parser(description: str, *, max_length: int, batch_size: int, epochs: int) -> argparse.ArgumentParser:
+def finetune_parser(description: str, *, script: str, max_length: int, batch_size: int,
+                    epochs: int) -> argparse.ArgumentParser:
     """The arguments every fine-tuning script takes: data, model, size, training (the defaults of Hugging Face's
-    no_trainer examples) and fine-tuning; the script adds its task's own group."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    no_trainer examples), fine-tuning, the hub, and the flags of Hugging Face's `run_<script>_no_trainer.py` (glue,
+    ner or qa); the script adds its task's own group."""
+    parser = ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_example_script_arguments(parser, script)
+    add_hub_arguments(parser)
     add_data_arguments(parser)
     add_model_arguments(parser)
     add_size_arguments(parser)
@@ -243,6 +254,7 @@ def finish(args, accelerator: Accelerator, trainer: Trainer, tokenizer, evaluati
         evaluation.write(Path(args.output_dir))
         details = {**training_details(args, accelerator, model, results), **card.get("details", {})}
         write_model_card(Path(args.output_dir), args, **{**card, "details": details}, results=results)
+        push_folder(args, Path(args.output_dir))
     accelerator.wait_for_everyone()
     return model
 

@@ -28,6 +28,7 @@ from transformers import get_scheduler
 
 from .checkpoint import CheckpointManager
 from .errors import SharedUserError, UserError, make_folder
+from .hub import check_hub
 from .reporting import MetricsLog, plot_curves, write_json
 
 
@@ -74,7 +75,9 @@ def setup_accelerator(args) -> Accelerator:
     Without a GPU (or other accelerator), processes started by `accelerate launch --multi_gpu` run on the CPU and
     talk over gloo; accelerate alone would start independent single-process runs there.
     """
+    check_hub(args)  # before anything is written: an upload that cannot happen must not cost the training
     cpu = not torch.accelerator.is_available()
+    check_launch(cpu)
     accelerator = Accelerator(
         cpu=cpu,
         mixed_precision=args.mixed_precision,
@@ -91,6 +94,28 @@ def setup_accelerator(args) -> Accelerator:
     set_seed(args.seed)
     claim_output_dir(args, accelerator)
     return accelerator
+
+
+# configs/accelerate/multi_node.yaml's main_process_ip until a user fills it in (an address could be a real one).
+ADDRESS_PLACEHOLDER = "FIRST_MACHINE_ADDRESS"
+
+
+def check_launch(cpu: bool):
+    """One sentence, in every process alike, where the launch config cannot run as written here: FSDP without GPUs
+    (accelerate would run unsharded DDP without a word) or multi_node.yaml's placeholder address (the processes would
+    wait for it for 15 minutes)."""
+    if cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        raise SharedUserError(
+            "The launch config asks for FSDP, which accelerate runs on GPUs only: on this machine without one it would "
+            "train unsharded DDP instead. Launch with configs/accelerate/cpu_2proc.yaml (data parallel on CPUs), or "
+            "run FSDP on a GPU machine."
+        )
+    if os.environ.get("MASTER_ADDR") == ADDRESS_PLACEHOLDER:
+        raise SharedUserError(
+            f"The launch config's main_process_ip is still {ADDRESS_PLACEHOLDER}: set it to the first machine's "
+            "address (reachable from the others on main_process_port), and machine_rank to each machine's number "
+            "(--machine_rank on the command line)."
+        )
 
 
 def _cpu_flags() -> tuple[str, set[str]]:

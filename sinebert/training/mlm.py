@@ -33,8 +33,9 @@ def _pack_batch(batch, tokenizer, block_size: int, text_column: str):
 
 
 def pack_dataset(dataset: Dataset | IterableDataset, tokenizer, block_size: int, text_column: str,
-                 num_proc: int | None = None):
-    """Map a text dataset to packed blocks (`input_ids`); map-style datasets also get an `example_id`."""
+                 num_proc: int | None = None, use_cache: bool = True):
+    """Map a text dataset to packed blocks (`input_ids`); map-style datasets also get an `example_id`. `use_cache`
+    False packs again instead of reading the datasets cache (--overwrite_cache)."""
     if block_size < 3:
         raise UserError(f"--max_seq_length {block_size} is too short: a block needs [CLS], a token and [SEP].")
     # A streamed text file does not know its columns before it is read (column_names None): its one column is the text.
@@ -42,7 +43,8 @@ def pack_dataset(dataset: Dataset | IterableDataset, tokenizer, block_size: int,
                   fn_kwargs=dict(tokenizer=tokenizer, block_size=block_size, text_column=text_column))
     if isinstance(dataset, IterableDataset):
         return dataset.map(_pack_batch, **kwargs)
-    packed = dataset.map(_pack_batch, num_proc=num_proc, desc="packing text into blocks", **kwargs)
+    packed = dataset.map(_pack_batch, num_proc=num_proc, desc="packing text into blocks",
+                         load_from_cache_file=use_cache, **kwargs)
     if len(packed) == 0:
         raise UserError(f"The {text_column!r} column is empty after dropping blank lines: there is nothing to train on.")
     return packed.add_column("example_id", list(range(len(packed))))
