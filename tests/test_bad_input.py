@@ -111,3 +111,39 @@ def test_config_file_values_are_checked(files, tokenizer_dir, capsys):
     with pytest.raises(SystemExit):
         pretrain.parse_args(["--config_file", str(config), "--output_dir", str(files / "out")])
     assert "lr_scheduler_type='exponential' is not one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("missing tokenizer", "--tokenizer_name {folder} does not exist"),
+    ("empty tokenizer folder", "--tokenizer_name {folder} holds no tokenizer"),
+    ("bert checkpoint", "--model_name_or_path {folder} holds a bert model; these scripts train and fine-tune sinebert"),
+    ("truncated weights", "Could not load a model from --model_name_or_path {folder}"),
+])
+def test_bad_model_and_tokenizer_folders_are_one_sentence_about_the_folder(files, tokenizer_dir, capsys, case, message):
+    import shutil
+
+    from transformers import BertConfig, BertForMaskedLM
+
+    from sinebert import SineBertForMaskedLM
+    from tests.conftest import tiny_config
+
+    folder = files / "given"
+    argv = [*TINY, "--train_file", files / "latin1.txt", "--encoding", "latin-1", "--output_dir", files / "out"]
+    if case == "missing tokenizer":
+        argv += ["--tokenizer_name", folder]
+    elif case == "empty tokenizer folder":
+        folder.mkdir()
+        argv += ["--tokenizer_name", folder]
+    else:
+        shutil.copytree(tokenizer_dir, folder)
+        if case == "bert checkpoint":
+            BertForMaskedLM(BertConfig(vocab_size=600, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=37)).save_pretrained(folder)
+        else:
+            SineBertForMaskedLM(tiny_config(vocab_size=600)).save_pretrained(folder)
+            weights = folder / "model.safetensors"
+            weights.write_bytes(weights.read_bytes()[:100])
+        argv = [*TINY[8:], "--train_file", files / "latin1.txt", "--encoding", "latin-1", "--output_dir",
+                files / "out", "--model_name_or_path", folder]  # TINY without its model size
+    assert message.format(folder=folder) in user_error(capsys, pretrain, argv)
+    assert not (files / "out").exists()

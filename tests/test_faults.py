@@ -2,6 +2,7 @@
 checkpoints, NaN losses and a full disk, each followed by the check that matters (exact resumption, a clear error,
 the last good checkpoint intact)."""
 
+import hashlib
 import json
 import os
 import random
@@ -99,9 +100,66 @@ def test_whole_job_killed_at_a_random_step(run_args, reference, tmp_path):
         time.sleep(0.05)
     os.killpg(job.pid, signal.SIGKILL)
     job.wait()
+    # Elastic runs each worker in a session of its own, out of reach of the killpg: they must die with the launcher.
+    deadline = time.time() + 10
+    while workers_of(out) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not workers_of(out), "workers outlived their launcher"
+    assert lock_released(out)
     assert max(losses(out), default=0) < STEPS, f"the job finished before the kill after step {kill_after}"
     resume(run_args, out, 2)
     assert_same_run(out, reference[2])
+
+
+def test_a_second_job_on_a_running_folder_is_refused_and_a_killed_job_leaves_no_lock(run_args, tmp_path, capsys):
+    from sinebert.training.loop import RunLock
+    from tests.conftest import load_script, user_error
+
+    out = tmp_path / "run"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true"}
+    long_run = [*run_args, "--max_train_steps", 100_000, "--checkpointing_steps", 100_000]
+    job = subprocess.Popen([*command(1), *map(str, long_run), "--output_dir", str(out)], cwd=ROOT, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    lock = out / RunLock.NAME
+    deadline = time.time() + 120
+    while not (lock.exists() and lock.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    try:
+        holder = lock.read_text().strip()
+        # What the README says to do after a kill, done while the first job still runs: refused, nothing touched.
+        message = user_error(capsys, load_script("pretrain"), [*run_args, "--resume_from_checkpoint", "latest",
+                                                               "--output_dir", out])
+        assert f"is in use by another job ({holder})" in message and holder.startswith("host "), message
+        assert job.poll() is None and lock.read_text().strip() == holder
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert lock_released(out)  # no stale lock
+
+
+def lock_released(out) -> bool:
+    """Whether the output folder's lock can be taken within 10 s: a killed process gives up its files (and the kernel
+    its lock) a moment after it is gone from the process list."""
+    from sinebert.training.loop import RunLock
+
+    deadline = time.time() + 10
+    while RunLock.take(out) is not None:
+        if time.time() > deadline:
+            return False
+        time.sleep(0.2)
+    RunLock.release()
+    return True
+
+
+def workers_of(out) -> list[int]:
+    """The processes whose command line names the output folder `out`."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if str(out) in (process.info["cmdline"] or []) and process.info["pid"] != os.getpid():
+            found.append(process.info["pid"])
+    return found
 
 
 def test_one_rank_killed(run_args, reference, tmp_path):
@@ -124,23 +182,63 @@ def test_kill_while_writing_a_checkpoint(run_args, reference, tmp_path):
     assert not list((out / "checkpoints").glob(".tmp-*"))
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete"])
-def test_damaged_checkpoint_is_named_and_skipped_when_asked(run_args, reference, tmp_path, damage):
-    out = tmp_path / "run"
-    shutil.copytree(reference[1], out)
-    newest = out / "checkpoints" / f"step_{STEPS:08d}"
-    target = newest / "model.safetensors"
+class CodeRunner:
+    """Unpickling this runs a shell command: what a crafted random-state file would hold."""
+
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def damage_checkpoint(newest, damage: str) -> tuple[str, str]:
+    """Damage checkpoint folder `newest` in one of the ways below; returns (what the error names, how it says it)."""
+    target, manifest_file = newest / "model.safetensors", newest / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
     if damage == "truncate":
         with target.open("r+b") as file:
             file.truncate(target.stat().st_size // 2)
-    else:
+        return str(target), "truncated"
+    if damage == "delete":
         target.unlink()
+        return str(target), "missing"
+    if damage in ("manifest []", "manifest entry {}", "manifest flipped bit"):
+        first = next(iter(manifest["files"]))
+        if damage == "manifest []":
+            manifest["files"] = []
+        elif damage == "manifest entry {}":
+            manifest["files"][first] = {}
+        else:
+            manifest["files"][first]["sizd"] = manifest["files"][first].pop("size")
+        manifest_file.write_text(json.dumps(manifest))
+        return str(manifest_file), "is damaged"
+    # A random-state file that runs code when unpickled, with a manifest that vouches for it: accelerate would skip
+    # it without a word and resume on fresh random numbers.
+    import pickle
+
+    rng = newest / "random_states_0.pkl"
+    rng.write_bytes(pickle.dumps({"random_state": CodeRunner()}))
+    manifest["files"][rng.name] = {"size": rng.stat().st_size, "sha256": hashlib.sha256(rng.read_bytes()).hexdigest()}
+    manifest_file.write_text(json.dumps(manifest))
+    return str(rng), "cannot be loaded"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "manifest []", "manifest entry {}", "manifest flipped bit",
+                                    "random state"])
+def test_damaged_checkpoint_is_named_and_skipped_when_asked(run_args, reference, tmp_path, damage):
+    out = tmp_path / "run"
+    shutil.copytree(reference[1], out)
+    named, said = damage_checkpoint(out / "checkpoints" / f"step_{STEPS:08d}", damage)
     error = error_line(run([*run_args, "--resume_from_checkpoint", "latest"], out, expect_ok=False))
-    assert str(target) in error and "--resume_fallback" in error
-    assert ("truncated" if damage == "truncate" else "missing") in error
+    assert named in error and said in error and "--resume_fallback" in error, error
     recovered = resume(run_args, out, 1, "--resume_fallback")
     assert f"step_{STEPS - 2:08d} at step {STEPS - 2}" in recovered.stdout
     assert_same_run(out, reference[1])
+
+
+def test_resuming_with_another_model_size_is_one_sentence(run_args, reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference[1], out)
+    result = run([*run_args, "--hidden_size", 64, "--resume_from_checkpoint", "latest"], out, expect_ok=False)
+    assert "was written by a model of another size" in error_line(result) and "args.json" in error_line(result)
 
 
 def test_nan_loss_stops_with_the_last_good_checkpoint_kept(run_args, tmp_path):

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from accelerate import Accelerator
+from accelerate.utils.constants import RNG_STATE_NAME
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
@@ -50,6 +51,27 @@ def _fsync_dir(path: Path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _manifest_files(path: Path) -> dict:
+    """{file name: {"size", "sha256"}} from checkpoint `path`'s manifest; CheckpointError for a missing or malformed
+    one (not JSON, not the layout this module writes, a field renamed or of the wrong type)."""
+    manifest_file = path / MANIFEST
+    if not manifest_file.is_file():
+        raise CheckpointError(f"{manifest_file} is missing, so checkpoint {path} is incomplete or not ours.")
+    try:
+        files = json.loads(manifest_file.read_text())["files"]
+        valid = isinstance(files, dict) and files and all(
+            isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str)
+            for entry in files.values()
+        )
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
+        valid, reason = False, f"{type(error).__name__}: {error}"
+    else:
+        reason = "it does not give every file's size and checksum"
+    if not valid:
+        raise CheckpointError(f"{manifest_file} is damaged ({reason}); checkpoint {path} cannot be trusted.")
+    return files
 
 
 class CheckpointManager:
@@ -117,15 +139,10 @@ class CheckpointManager:
         self.accelerator.wait_for_everyone()
 
     def verify(self, path: Path):
-        """Raise CheckpointError naming the first missing, truncated or altered file of checkpoint `path`."""
-        manifest_file = path / MANIFEST
-        if not manifest_file.is_file():
-            raise CheckpointError(f"{manifest_file} is missing, so checkpoint {path} is incomplete or not ours.")
-        try:
-            files = json.loads(manifest_file.read_text())["files"]
-        except (json.JSONDecodeError, KeyError) as error:
-            raise CheckpointError(f"{manifest_file} is damaged ({error}); checkpoint {path} cannot be trusted.")
-        for name, expected in files.items():
+        """Raise CheckpointError naming the first missing, truncated or altered file of checkpoint `path`, or the
+        part of it that cannot be loaded (this process's random state, which accelerate would skip without a word,
+        leaving the resumed run on fresh random numbers)."""
+        for name, expected in _manifest_files(path).items():
             file = path / name
             if not file.is_file():
                 raise CheckpointError(f"{file} is missing from checkpoint {path}.")
@@ -136,6 +153,23 @@ class CheckpointManager:
                 )
             if _sha256(file) != expected["sha256"]:
                 raise CheckpointError(f"{file} does not match the checksum it was written with: it is damaged.")
+        self._check_random_state(path)
+
+    def _check_random_state(self, path: Path):
+        from accelerate.utils import load  # torch.load with weights_only=True and numpy's types allowed
+
+        file = path / f"{RNG_STATE_NAME}_{self.accelerator.process_index}.pkl"
+        try:
+            states = load(file)
+            missing = {"random_state", "numpy_random_seed", "torch_manual_seed"} - set(states)
+        except Exception as error:  # any failure to read it: missing, refused pickle, not a mapping
+            reason = " ".join(str(error).split())[:160]
+            raise CheckpointError(
+                f"{file} cannot be loaded ({type(error).__name__}: {reason}), so checkpoint {path} would not resume "
+                "exactly; it is damaged."
+            ) from None
+        if missing:
+            raise CheckpointError(f"{file} lacks {sorted(missing)}, so checkpoint {path} would not resume exactly.")
 
     def resolve(self, requested: str, fallback: bool = False) -> Path:
         """The checkpoint folder to resume from: a path, or 'latest'. Damaged ones raise CheckpointError, or with
@@ -180,6 +214,14 @@ class CheckpointManager:
                 f"Checkpoint {path} holds a file with pickled objects other than tensors "
                 f"({str(error).splitlines()[0][:160]}); it was refused because unpickling such objects can run code. "
                 "Resume from a checkpoint this project wrote."
+            ) from None
+        except RuntimeError as error:
+            if "size mismatch" not in str(error):
+                raise
+            first = next((line.strip() for line in str(error).splitlines() if "size mismatch" in line), "")
+            raise CheckpointError(
+                f"Checkpoint {path} was written by a model of another size ({first[:160]}); resume with the model "
+                "flags it was written with (its run's args.json), or start a new run in another --output_dir."
             ) from None
         except ValueError as error:
             if "parameter group" not in str(error):

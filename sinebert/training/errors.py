@@ -6,8 +6,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 # Folders this process created for a run (its --output_dir); a run that fails with a UserError while one is still
-# empty removes it, so bad input leaves nothing behind.
+# empty removes it, so bad input leaves nothing behind. Before that, what release_on_error registered runs (the
+# output folder's lock).
 _created_folders: list[Path] = []
+_releases: list[Callable[[], object]] = []
+
+
+def release_on_error(release: Callable[[], object]):
+    _releases.append(release)
 
 
 class UserError(Exception):
@@ -28,6 +34,8 @@ def make_folder(path: Path):
 
 
 def _remove_empty_created_folders():
+    for release in _releases:
+        release()
     for folder in reversed(_created_folders):
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()

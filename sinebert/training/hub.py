@@ -6,8 +6,9 @@ from pathlib import Path
 from .errors import UserError
 
 # What a run folder holds that is not the model: resumable checkpoints, the best weights kept during training, the
-# data traces of --trace_data, and temporary folders of a save in progress.
-NOT_UPLOADED = ["checkpoints/**", "best_model.safetensors", "data_trace_rank*.jsonl", ".tmp*", ".tmp*/**"]
+# data traces of --trace_data, temporary folders of a save in progress, and the run's lock.
+NOT_UPLOADED = ["checkpoints/**", "best_model.safetensors", "data_trace_rank*.jsonl", ".tmp*", ".tmp*/**",
+                ".sinebert.lock"]
 
 
 def add_hub_arguments(parser):

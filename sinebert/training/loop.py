@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,13 +22,13 @@ from pathlib import Path
 import safetensors.torch
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, broadcast, set_seed
+from accelerate.utils import DataLoaderConfiguration, broadcast_object_list, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from .checkpoint import CheckpointManager
-from .errors import SharedUserError, UserError, make_folder
+from .errors import SharedUserError, UserError, make_folder, release_on_error
 from .hub import check_hub
 from .reporting import MetricsLog, plot_curves, write_json
 
@@ -76,6 +77,7 @@ def setup_accelerator(args) -> Accelerator:
     talk over gloo; accelerate alone would start independent single-process runs there.
     """
     check_hub(args)  # before anything is written: an upload that cannot happen must not cost the training
+    die_with_launcher()
     cpu = not torch.accelerator.is_available()
     check_launch(cpu)
     accelerator = Accelerator(
@@ -94,6 +96,22 @@ def setup_accelerator(args) -> Accelerator:
     set_seed(args.seed)
     claim_output_dir(args, accelerator)
     return accelerator
+
+
+def die_with_launcher():
+    """A worker of `accelerate launch` (torch elastic) is killed as soon as its launcher dies. Elastic starts every
+    worker in a session of its own, so killing the launcher's process group (a kill -9 of the job, a closed terminal)
+    would leave the workers training and writing into the output folder, beside the rerun that resumes it. Linux only
+    (prctl's parent-death signal); elsewhere nothing changes."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG = 1
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # configs/accelerate/multi_node.yaml's main_process_ip until a user fills it in (an address could be a real one).
@@ -151,39 +169,75 @@ def cpu_bf16_is_fast() -> tuple[bool, str]:
 
 
 def claim_output_dir(args, accelerator: Accelerator):
-    """Refuse to write over a different run unless --overwrite_output_dir; resuming continues the run there."""
-    output = Path(args.output_dir)
-    refused = torch.zeros(1, dtype=torch.long, device=accelerator.device)
-    if accelerator.is_main_process:
-        occupied = output.is_dir() and any(output.iterdir())
-        if occupied and not args.resume_from_checkpoint and not args.overwrite_output_dir:
-            refused += OCCUPIED
-        elif occupied and not args.resume_from_checkpoint:
-            for stale in ("checkpoints", "metrics.jsonl"):
-                path = output / stale
-                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        if not refused.item():
-            try:
-                make_folder(output)
-            except OSError:
-                pass
-            if not (output.is_dir() and os.access(output, os.W_OK | os.X_OK)):
-                refused += NOT_WRITABLE
-    # Every process learns the main one's decision (and waits for the folder).
-    reason = broadcast(refused).item()
-    if reason == OCCUPIED:
-        raise SharedUserError(
-            f"--output_dir {output} already holds files from another run; pass --overwrite_output_dir to replace "
-            "it, --resume_from_checkpoint latest to continue it, or choose another folder."
-        )
-    if reason == NOT_WRITABLE:
-        raise SharedUserError(
-            f"--output_dir {output} cannot be created or written (a file has that name, or its filesystem is "
-            "read-only or not yours); choose a folder you can write."
-        )
+    """Take the output folder for this job: one job per folder (RunLock), and never over a different run unless
+    --overwrite_output_dir; resuming continues the run there. The main process decides; every process learns its
+    decision (and waits for the folder) and raises the same sentence."""
+    problem = [_claim(args, Path(args.output_dir)) if accelerator.is_main_process else None]
+    broadcast_object_list(problem)
+    if problem[0]:
+        raise SharedUserError(problem[0])
 
 
-OCCUPIED, NOT_WRITABLE = 1, 2
+def _claim(args, output: Path) -> str | None:
+    """On the main process: the sentence that refuses `output`, or None once it is this job's."""
+    occupied = output.is_dir() and any(path.name != RunLock.NAME for path in output.iterdir())
+    if occupied and not args.resume_from_checkpoint and not args.overwrite_output_dir:
+        return (f"--output_dir {output} already holds files from another run; pass --overwrite_output_dir to replace "
+                "it, --resume_from_checkpoint latest to continue it, or choose another folder.")
+    try:
+        make_folder(output)
+    except OSError:
+        pass
+    if not (output.is_dir() and os.access(output, os.W_OK | os.X_OK)):
+        return (f"--output_dir {output} cannot be created or written (a file has that name, or its filesystem is "
+                "read-only or not yours); choose a folder you can write.")
+    holder = RunLock.take(output)
+    if holder:
+        return (f"--output_dir {output} is in use by another job ({holder}); wait for it to end or stop it, or "
+                "choose another folder.")
+    if occupied and not args.resume_from_checkpoint:  # --overwrite_output_dir, now that the folder is this job's
+        for stale in ("checkpoints", "metrics.jsonl"):
+            path = output / stale
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    return None
+
+
+class RunLock:
+    """An exclusive lock on `output_dir/.sinebert.lock`, held by the main process for the whole run. The kernel
+    releases it when the process ends, however it ends, so a killed run never leaves a stale lock; the file names
+    the holder for the sentence a second job gets."""
+
+    NAME = ".sinebert.lock"
+    _held = None  # the open file: the lock lives as long as it does
+
+    @classmethod
+    def take(cls, output: Path) -> str | None:
+        """None once this process holds the lock, else who holds it (host, pid, since when)."""
+        import fcntl
+        import socket
+
+        file = (output / cls.NAME).open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            file.seek(0)
+            holder = file.read().strip() or "its holder wrote no name"
+            file.close()
+            return holder
+        file.truncate(0)
+        file.write(f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        file.flush()
+        cls._held = file
+        release_on_error(cls.release)
+        return None
+
+    @classmethod
+    def release(cls):
+        """Give the lock up and remove its file (at the end of the run, or when it fails on bad input)."""
+        if cls._held is not None:
+            Path(cls._held.name).unlink(missing_ok=True)
+            cls._held.close()
+            cls._held = None
 
 
 def build_optimizer(model: nn.Module, args) -> torch.optim.AdamW:
@@ -641,6 +695,7 @@ def shutdown(accelerator: Accelerator, *objects):
     gc.collect()
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    RunLock.release()
     if os.environ.get("WORLD_SIZE") and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

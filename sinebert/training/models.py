@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer
 
 from ..configuration_sinebert import ATTENTION_INITS, NORM_PLACEMENTS, SineBertConfig
@@ -66,6 +67,23 @@ def checkpoint_overrides(args) -> dict:
     return values | {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k, None) is not None}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+
+
+def check_local_tokenizer(source: str, flag: str):
+    """A path that is not there, or a folder without a tokenizer, gets a sentence about the path (transformers would
+    answer with the hub's repo-name rules, or ask for sentencepiece)."""
+    path = Path(source)
+    looks_local = path.exists() or source.startswith((".", "/", "~")) or source.count("/") > 1
+    if looks_local and not path.exists():
+        raise UserError(f"{flag} {source} does not exist; give the folder scripts/train_tokenizer.py wrote.")
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        hint = " (a checkpoint step folder holds no tokenizer: give the run's output folder)" \
+            if path.name.startswith("step_") else ""
+        raise UserError(f"{flag} {source} holds no tokenizer (tokenizer.json){hint}; give the folder "
+                        "scripts/train_tokenizer.py or a training script wrote.")
+
+
 def load_tokenizer(args):
     source = args.tokenizer_name or args.model_name_or_path
     if not source:
@@ -73,10 +91,12 @@ def load_tokenizer(args):
             "Give a tokenizer with --tokenizer_name (train one with scripts/train_tokenizer.py) or a checkpoint "
             "with --model_name_or_path."
         )
+    flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"
+    check_local_tokenizer(source, flag)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as error:
-        raise UserError(f"Could not load a tokenizer from {source}: {error}") from error
+        raise UserError(f"Could not load a tokenizer from {flag} {source}: {error}") from error
     if not tokenizer.is_fast:
         raise UserError(f"The tokenizer in {source} is not a fast tokenizer; offsets and word ids need one.")
     # --letter_case on or off decides; without it, a tokenizer saved with a case-reading model keeps returning case.
@@ -125,12 +145,31 @@ def check_tokenizer(config, tokenizer):
         )
 
 
+def check_architecture(args):
+    """UserError before anything is built when --model_name_or_path is another architecture than sinebert (its
+    config would lack sinebert's settings, and the scripts' options would fail deep inside it)."""
+    try:
+        model_type = AutoConfig.from_pretrained(args.model_name_or_path,
+                                                trust_remote_code=args.trust_remote_code).model_type
+    except (OSError, ValueError) as error:
+        reason = " ".join(str(error).split())[:300]
+        raise UserError(f"Could not load a config from --model_name_or_path {args.model_name_or_path}: {reason}") \
+            from None
+    if model_type != SineBertConfig.model_type:
+        raise UserError(
+            f"--model_name_or_path {args.model_name_or_path} holds a {model_type} model; these scripts train and "
+            "fine-tune sinebert checkpoints (from scripts/pretrain.py, or any folder saved by a sinebert model). "
+            "Start from one of those, or from scratch without --model_name_or_path."
+        )
+
+
 def load_pretrained(auto_class, args, tokenizer, **config_values):
     """`auto_class.from_pretrained(--model_name_or_path)` with `config_values` applied, or from scratch."""
     attn = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
     if not args.model_name_or_path:
         return auto_class.from_config(scratch_config(args, tokenizer, **config_values), **attn)
     path = Path(args.model_name_or_path)
+    check_architecture(args)
     if path.is_dir() and not list(path.glob("*.safetensors")) and list(path.glob("*.bin")):
         if not args.allow_pickle_weights:
             raise UserError(
@@ -145,8 +184,12 @@ def load_pretrained(auto_class, args, tokenizer, **config_values):
         )
         if isinstance(model.config, SineBertConfig):
             model.config._validate()  # from_pretrained sets the flags' values after the config's own checks
-    except OSError as error:
-        raise UserError(f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {error}")
+    except (OSError, SafetensorError) as error:
+        reason = " ".join(str(error).split())[:300]
+        raise UserError(
+            f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {reason} (a damaged or "
+            "truncated weights file reads this way; save or copy the checkpoint again)."
+        ) from None
     except ValueError as error:  # a flag's value the checkpoint's config rejects
         raise UserError(f"Invalid model configuration over {args.model_name_or_path}: {error}") from error
     check_tokenizer(model.config, tokenizer)
