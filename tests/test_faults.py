@@ -218,7 +218,7 @@ def damage_checkpoint(newest, damage: str) -> tuple[str, str]:
     rng.write_bytes(pickle.dumps({"random_state": CodeRunner()}))
     manifest["files"][rng.name] = {"size": rng.stat().st_size, "sha256": hashlib.sha256(rng.read_bytes()).hexdigest()}
     manifest_file.write_text(json.dumps(manifest))
-    return str(rng), "cannot be loaded"
+    return str(rng), "was refused because unpickling such objects can run code"
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "manifest []", "manifest entry {}", "manifest flipped bit",

@@ -162,7 +162,12 @@ class CheckpointManager:
         try:
             states = load(file)
             missing = {"random_state", "numpy_random_seed", "torch_manual_seed"} - set(states)
-        except Exception as error:  # any failure to read it: missing, refused pickle, not a mapping
+        except pickle.UnpicklingError:
+            raise CheckpointError(
+                f"{file} holds pickled objects other than tensors; it was refused because unpickling such objects can "
+                f"run code, so checkpoint {path} cannot resume exactly. Resume from a checkpoint this project wrote."
+            ) from None
+        except Exception as error:  # any other failure to read it: missing, not a mapping
             reason = " ".join(str(error).split())[:160]
             raise CheckpointError(
                 f"{file} cannot be loaded ({type(error).__name__}: {reason}), so checkpoint {path} would not resume "
