@@ -2,7 +2,10 @@
 
     kill_rank:<rank>:<step>     SIGKILL process <rank> right after optimizer step <step>
     kill_in_save:<n>            SIGKILL the main process in the middle of writing its n-th checkpoint
-    disk_full:<n>               the n-th checkpoint write fails with "No space left on device"
+    disk_full:<n>:<writer>      the n-th checkpoint write fails as <writer> fails on a full disk: os (an OSError),
+                                torch (torch.save of the optimizer) or safetensors (the model weights)
+    disk_full_final             the final save_pretrained fails as safetensors does on a full disk
+    disk_full_log:<step>        appending the metrics of optimizer step <step> fails with "No space left on device"
     nan_loss:<step>             the training loss of optimizer step <step> is NaN
 
 Usage (also as the script of `accelerate launch`): python tests/fault_injection.py scripts/pretrain.py ARGS...
@@ -71,11 +74,56 @@ def kill_in_save(n: str):
     _on_nth_save(n, die)
 
 
-def disk_full(n: str):
+# What each writer raises when the disk fills up (seen on a 3 MB tmpfs), its text as the libraries word it.
+def _full(writer: str, folder: str) -> Exception:
+    if writer == "torch":
+        return RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 8910336 vs 8910224")
+    if writer == "safetensors":
+        from safetensors import SafetensorError
+
+        return SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(folder, "optimizer.bin"))
+
+
+def disk_full(n: str, writer: str = "os"):
     def fail(folder):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(folder, "optimizer.bin"))
+        raise _full(writer, folder)
 
     _on_nth_save(n, fail)
+
+
+def disk_full_final():
+    from transformers import PreTrainedModel
+
+    def fail(self, folder, *args, **kwargs):
+        os.makedirs(folder, exist_ok=True)
+        open(os.path.join(folder, "model.safetensors"), "wb").close()  # a partial file, as a real failure leaves
+        raise _full("safetensors", folder)
+
+    PreTrainedModel.save_pretrained = fail
+
+
+def disk_full_log(step: str):
+    from pathlib import Path
+
+    from sinebert.training import reporting
+
+    original = reporting.MetricsLog.write
+
+    def write(self, **row):
+        if row.get("step") != int(step):
+            return original(self, **row)
+
+        def full(path, *args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+        saved, Path.open = Path.open, full  # for this one call: the log's append finds the disk full
+        try:
+            return original(self, **row)
+        finally:
+            Path.open = saved
+
+    reporting.MetricsLog.write = write
 
 
 def nan_loss(step: str):
@@ -100,7 +148,8 @@ def nan_loss(step: str):
     loop.Trainer._optimizer_step = poisoned
 
 
-FAULTS = {"kill_rank": kill_rank, "kill_in_save": kill_in_save, "disk_full": disk_full, "nan_loss": nan_loss}
+FAULTS = {"kill_rank": kill_rank, "kill_in_save": kill_in_save, "disk_full": disk_full, "nan_loss": nan_loss,
+          "disk_full_final": disk_full_final, "disk_full_log": disk_full_log}
 
 if __name__ == "__main__":
     name, *params = os.environ["SINEBERT_FAULT"].split(":")

@@ -258,19 +258,34 @@ def test_nan_loss_skip_drops_that_update(run_args, tmp_path):
     assert all(torch.isfinite(t).all() for t in load_file(out / "model.safetensors").values())
 
 
-def test_disk_full_while_saving_keeps_the_previous_checkpoint(run_args, tmp_path):
+@pytest.mark.parametrize("writer", ["os", "torch", "safetensors"])
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(run_args, tmp_path, writer):
+    """Each writer of a checkpoint fails on a full disk in its own words; each is one sentence."""
     out = tmp_path / "run"
-    error = error_line(run(run_args, out, 1, fault="disk_full:2", expect_ok=False))
+    error = error_line(run(run_args, out, 1, fault=f"disk_full:2:{writer}", expect_ok=False))
     assert "because the disk is full" in error and "the previous checkpoint step_00000002 is intact" in error
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002"]
     manager = CheckpointManager(_FakeAccelerator(), out)
     manager.verify(manager.path_for(2))
 
 
+@pytest.mark.parametrize(("fault", "said"), [("disk_full_final", "Could not save the final model"),
+                                             ("disk_full_log:5", "Could not append to")])
+def test_disk_full_in_the_final_save_or_the_log_is_one_sentence_and_resumes_exactly(run_args, reference, tmp_path,
+                                                                                    fault, said):
+    out = tmp_path / "run"
+    error = error_line(run(run_args, out, 1, fault=fault, expect_ok=False))
+    assert said in error and "because the disk is full" in error and "--resume_from_checkpoint latest" in error
+    assert not (out / ".tmp-final").exists()
+    resume(run_args, out, 1)
+    assert_same_run(out, reference[1])
+
+
 class _FakeAccelerator:
     """Enough of an Accelerator for CheckpointManager.verify."""
 
     is_main_process = True
+    process_index = 0
 
     def print(self, *args):
         print(*args)

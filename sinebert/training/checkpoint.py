@@ -5,7 +5,6 @@ only then renamed to `checkpoints/step_<8-digit step>`; the rename is atomic, so
 complete. Old checkpoints are removed only after a new one is in place.
 """
 
-import errno
 import hashlib
 import json
 import logging
@@ -15,7 +14,10 @@ import shutil
 from pathlib import Path
 
 from accelerate import Accelerator
+from safetensors import SafetensorError
 from accelerate.utils.constants import RNG_STATE_NAME
+
+from .errors import write_failure
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
@@ -118,12 +120,14 @@ class CheckpointManager:
                     shutil.rmtree(final)
                 os.replace(temporary, final)
                 _fsync_dir(self.root)
-        except OSError as error:
+        except (OSError, RuntimeError, SafetensorError) as error:
+            reason = write_failure(error)
+            if reason is None:
+                raise
             if accelerator.is_main_process:
                 shutil.rmtree(temporary, ignore_errors=True)
             previous = [p.name for p in self.complete() if p != final]
             kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
-            reason = "the disk is full" if error.errno == errno.ENOSPC else f"the write failed ({error})"
             raise CheckpointError(
                 f"Could not write checkpoint {final} because {reason}; {kept}. Free space or choose another "
                 "--output_dir, then resume with --resume_from_checkpoint latest."

@@ -1,5 +1,6 @@
 """User-facing failures: one clear sentence, no stack trace from deep inside a library."""
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -24,6 +25,22 @@ class SharedUserError(UserError):
     """A UserError that every process of a multi-process run raises alike, from a decision the main process shared
     with them; only the main process prints it. (Raised by the main process alone, it would leave the others to fail
     in their next collective call with a communication backend's traceback.)"""
+
+
+def write_failure(error: BaseException) -> str | None:
+    """Why a write failed, when `error` is one of the ways the writers of a run report a failed write, else None:
+    an OSError (the metrics log, json, renames), torch.save's RuntimeError from its zip writer ("unexpected pos",
+    "file write failed") and safetensors' SafetensorError, which carry the OS's reason only in their text."""
+    text = str(error)
+    if isinstance(error, OSError):
+        return "the disk is full" if error.errno == errno.ENOSPC else f"the write failed ({text})"
+    if type(error).__name__ == "SafetensorError" or (
+        isinstance(error, RuntimeError) and ("inline_container" in text or "file write failed" in text)
+    ):
+        if "No space left" in text or "unexpected pos" in text:  # torch's zip writer says the latter when it is full
+            return "the disk is full"
+        return f"the write failed ({' '.join(text.split())[:160]})"
+    return None
 
 
 def make_folder(path: Path):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import safetensors.torch
+from safetensors import SafetensorError
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, broadcast_object_list, set_seed
@@ -28,7 +29,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from .checkpoint import CheckpointManager
-from .errors import SharedUserError, UserError, make_folder, release_on_error
+from .errors import SharedUserError, UserError, make_folder, release_on_error, write_failure
 from .hub import check_hub
 from .reporting import MetricsLog, plot_curves, write_json
 
@@ -679,9 +680,20 @@ def save_final(accelerator: Accelerator, model: nn.Module, tokenizer, output_dir
         output = Path(output_dir)
         staging = output / ".tmp-final"
         shutil.rmtree(staging, ignore_errors=True)
-        model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        write_json(staging / "all_results.json", results)
+        try:
+            model.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+            write_json(staging / "all_results.json", results)
+        except (OSError, RuntimeError, SafetensorError) as error:
+            reason = write_failure(error)
+            if reason is None:
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+            raise UserError(
+                f"Could not save the final model into {output} because {reason}; the checkpoints in "
+                f"{output / 'checkpoints'} are intact. Free space, then rerun the same command with "
+                "--resume_from_checkpoint latest: it saves the model again."
+            ) from None
         for file in staging.iterdir():
             os.replace(file, output / file.name)
         staging.rmdir()

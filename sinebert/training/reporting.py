@@ -41,8 +41,16 @@ class MetricsLog:
     def write(self, **row):
         if self.enabled:
             row = {"time": round(time.time(), 3), **row}
-            with self.path.open("a") as file:
-                file.write(json.dumps(row) + "\n")
+            try:
+                with self.path.open("a") as file:
+                    file.write(json.dumps(row) + "\n")
+            except OSError as error:
+                from .errors import UserError, write_failure
+
+                raise UserError(
+                    f"Could not append to {self.path} because {write_failure(error)}; the checkpoints written so far "
+                    "are intact. Free space, then rerun the same command with --resume_from_checkpoint latest."
+                ) from None
 
 
 def read_jsonl(path: Path) -> list[dict]:
