@@ -92,3 +92,14 @@ def test_an_unknown_flag_is_one_line():
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
     assert "unrecognized arguments: --fancy 1" in result.stderr
+
+
+def test_the_one_process_command_ends_with_the_sentence(tmp_path):
+    """The README's one-process command (python scripts/X.py, no launcher to add its own traceback)."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain.py"), "--train_file",
+                             str(tmp_path / "missing.txt"), "--output_dir", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: Give a tokenizer with --tokenizer_name"), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr

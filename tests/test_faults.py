@@ -241,6 +241,14 @@ def test_resuming_with_another_model_size_is_one_sentence(run_args, reference, t
     assert "was written by a model of another size" in error_line(result) and "args.json" in error_line(result)
 
 
+def test_resuming_with_another_learning_rate_is_refused_not_ignored(run_args, reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference[1], out)
+    error = error_line(run([*run_args, "--learning_rate", "5e-4", "--resume_from_checkpoint", "latest"], out,
+                           expect_ok=False))
+    assert "--learning_rate 0.0005 (the checkpoint's run: 0.001)" in error, error
+
+
 def test_nan_loss_stops_with_the_last_good_checkpoint_kept(run_args, tmp_path):
     out = tmp_path / "run"
     error = error_line(run(run_args, out, 1, fault="nan_loss:5", expect_ok=False))

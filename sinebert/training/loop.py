@@ -69,6 +69,14 @@ class TrainerState:
     best_step: int | None = None
     evaluations_without_improvement: int = 0
     history: list[dict] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)  # RESUME_SETTINGS as the run was started
+
+
+# The arguments whose change would make a resumed run another run than the one its checkpoint began: the optimizer,
+# its schedule and the batches. A rerun that resumes must give the same (a changed one is refused, not ignored).
+RESUME_SETTINGS = ("learning_rate", "embedding_learning_rate", "weight_decay", "adam_beta1", "adam_beta2",
+                   "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "num_warmup_steps", "warmup_ratio",
+                   "per_device_train_batch_size", "gradient_accumulation_steps", "mlm_probability", "seed")
 
 
 def setup_accelerator(args) -> Accelerator:
@@ -310,7 +318,7 @@ class Trainer:
         if self.attention_kernels:
             accelerator.print("attention: " + "; ".join(self.attention_kernels))
         optimizer = build_optimizer(model, args)
-        self.state = TrainerState()
+        self.state = TrainerState(settings={k: getattr(args, k) for k in RESUME_SETTINGS if hasattr(args, k)})
         scheduler = self._build_scheduler(optimizer)
         self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
         self.train_dataloader = train_dataloader
@@ -653,6 +661,14 @@ class Trainer:
     def _resume(self, requested: str):
         path = self.checkpoints.resolve(requested, fallback=self.args.resume_fallback)
         restored = self.checkpoints.load(path)
+        changed = {k: (v, self.state.settings[k]) for k, v in restored.get("settings", {}).items()
+                   if k in self.state.settings and v != self.state.settings[k]}
+        if changed:
+            flags = ", ".join(f"--{k} {now} (the checkpoint's run: {then})" for k, (then, now) in changed.items())
+            raise SharedUserError(
+                f"Resuming {path} with other settings than its run was started with: {flags}. Resume with the run's "
+                "own values (its args.json), or start a new run in another --output_dir to train with these."
+            )
         self.state = TrainerState(**restored)
         self.accelerator.print(f"Resumed from {path} at step {self.state.step}.")
 
