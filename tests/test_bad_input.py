@@ -18,6 +18,10 @@ def files(tmp_path, sentences):
     (tmp_path / "latin1.txt").write_bytes(("\n".join(ascii_only) + "\ncaf\u00e9 cr\u00e8me\n").encode("latin-1"))
     (tmp_path / "blank.txt").write_text("\n  \n\t\n\n")
     (tmp_path / "data.parquet").write_bytes(b"PAR1")
+    (tmp_path / "one.txt").write_text(sentences[0] + "\n")
+    (tmp_path / "numbers.jsonl").write_text('{"text": 5}\n{"text": {"a": 1}}\n')
+    (tmp_path / "numbers_labels.jsonl").write_text('{"text": 3, "label": [1]}\n{"text": 4, "label": [0]}\n')
+    (tmp_path / "blank_label.csv").write_text("sentence,label\ngood film,1\nbad film,\nok film,0\n")
     return tmp_path
 
 
@@ -34,10 +38,12 @@ def files(tmp_path, sentences):
          "hidden_size=31 is not divisible by num_attention_heads=2"),
         (["--train_file", "reviews.csv", "--text_column_name", "review", "--mlm_probability", 1.5],
          "--mlm_probability must be in (0, 1), got 1.5"),
+        (["--train_file", "one.txt"], "The training data has 1 row, too few to hold out 5% for validation"),
+        (["--train_file", "numbers.jsonl"], "The 'text' column holds 5 (int), not text"),
     ],
 )
 def test_bad_data_and_settings(files, tokenizer_dir, capsys, extra, message):
-    extra = [str(files / e) if str(e).endswith((".csv", ".txt", ".parquet")) else e for e in extra]
+    extra = [str(files / e) if str(e).endswith((".csv", ".txt", ".parquet", ".jsonl")) else e for e in extra]
     argv = [*TINY, "--tokenizer_name", tokenizer_dir, *extra, "--output_dir", files / "out"]
     assert message in user_error(capsys, pretrain, argv)
     assert not (files / "out").exists()  # the folder the run created is gone again
@@ -146,4 +152,15 @@ def test_bad_model_and_tokenizer_folders_are_one_sentence_about_the_folder(files
         argv = [*TINY[8:], "--train_file", files / "latin1.txt", "--encoding", "latin-1", "--output_dir",
                 files / "out", "--model_name_or_path", folder]  # TINY without its model size
     assert message.format(folder=folder) in user_error(capsys, pretrain, argv)
+    assert not (files / "out").exists()
+
+
+@pytest.mark.parametrize(("file", "message"), [
+    ("numbers_labels.jsonl", "Row 1 of the training data has 3 (int) in 'text', not text"),
+    ("blank_label.csv", "Row 2 of the training data has no label; fill it in or remove the row."),
+])
+def test_classification_rows_of_the_wrong_kind_are_one_sentence(files, tokenizer_dir, capsys, file, message):
+    argv = [*TINY[:8], "--train_file", files / file, "--validation_file", files / file, "--tokenizer_name",
+            tokenizer_dir, "--max_train_steps", 1, "--output_dir", files / "out"]
+    assert message in user_error(capsys, load_script("finetune_classification"), argv)
     assert not (files / "out").exists()

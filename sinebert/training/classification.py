@@ -186,6 +186,8 @@ def encode_targets(values: list, space: LabelSpace, feature, split: str) -> list
 
 
 def _number(value, row: int, split: str) -> float:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise UserError(f"Row {row + 1} of the {split} data has no label; fill it in or remove the row.")
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -197,6 +199,12 @@ def texts_of(split, columns: Columns, name: str) -> list[tuple[str, str | None]]
     texts = list(split[columns.text])
     pairs = list(split[columns.pair]) if columns.pair else [None] * len(texts)
     for row, (text, pair) in enumerate(zip(texts, pairs)):
+        for column, value in ((columns.text, text), (columns.pair, pair)):
+            if column and value is not None and not isinstance(value, str):
+                raise UserError(
+                    f"Row {row + 1} of the {name} data has {value!r} ({type(value).__name__}) in {column!r}, not "
+                    "text; give text there, or name the text column with --text_column_name."
+                )
         if not isinstance(text, str) or (columns.pair and not isinstance(pair, str)):
             raise UserError(f"Row {row + 1} of the {name} data has no text in {columns.text!r}"
                             f"{f' or {columns.pair!r}' if columns.pair else ''}; fill it in or remove the row.")

@@ -4,6 +4,7 @@ files that are missing, empty, of an unknown type or in another encoding."""
 import argparse
 import glob
 import itertools
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -170,5 +171,11 @@ def hold_out_validation(splits: DatasetDict, percentage: float, seed: int) -> Da
         return splits
     if not 0 < percentage < 100:
         raise UserError(f"--validation_split_percentage must be in (0, 100), got {percentage}.")
+    rows = len(splits["train"])
+    if rows < 2 or math.ceil(rows * percentage / 100) >= rows:
+        raise UserError(
+            f"The training data has {rows} row{'s' if rows != 1 else ''}, too few to hold out "
+            f"{percentage:g}% for validation; give --validation_file, or more data."
+        )
     held = splits["train"].train_test_split(test_size=percentage / 100, seed=seed, shuffle=True)
     return DatasetDict(train=held["train"], validation=held["test"])

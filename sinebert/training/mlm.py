@@ -28,6 +28,12 @@ def pack_texts(texts: list[str], tokenizer, block_size: int) -> list[list[int]]:
 
 
 def _pack_batch(batch, tokenizer, block_size: int, text_column: str):
+    wrong = next((value for value in batch[text_column] if value is not None and not isinstance(value, str)), None)
+    if wrong is not None:
+        raise UserError(
+            f"The {text_column!r} column holds {wrong!r} ({type(wrong).__name__}), not text; give text there, or name "
+            "the text column with --text_column_name."
+        )
     texts = [text for text in batch[text_column] if text and not text.isspace()]  # drop empty lines
     return {"input_ids": pack_texts(texts, tokenizer, block_size)}
 
