@@ -50,7 +50,8 @@ def make_folder(path: Path):
     _created_folders.extend(reversed(missing))  # outermost first; removed innermost first
 
 
-def _remove_empty_created_folders():
+def _clean_up_after_error():
+    """Release what release_on_error registered, then remove the created folders that are still empty."""
     for release in _releases:
         release()
     for folder in reversed(_created_folders):
@@ -68,7 +69,7 @@ def run_cli(main: Callable[[], object]):
     try:
         main()
     except (UserError, CheckpointError) as error:
-        _remove_empty_created_folders()
+        _clean_up_after_error()
         if os.environ.get("SINEBERT_DEBUG"):
             raise
         if not isinstance(error, SharedUserError) or os.environ.get("RANK", "0") == "0":

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import safetensors.torch
-from safetensors import SafetensorError
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, broadcast_object_list, set_seed
+from safetensors import SafetensorError
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
