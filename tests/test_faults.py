@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sinebert.training.checkpoint import CheckpointManager
+from sinebert.training.checkpoint import CheckpointError, CheckpointManager
 from tests.conftest import ROOT, accelerate_command
 
 pytestmark = pytest.mark.slow
@@ -221,9 +221,25 @@ def damage_checkpoint(newest, damage: str) -> tuple[str, str]:
     return str(rng), "was refused because unpickling such objects can run code"
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete", "manifest []", "manifest entry {}", "manifest flipped bit",
-                                    "random state"])
+DAMAGES = ["truncate", "delete", "manifest []", "manifest entry {}", "manifest flipped bit", "random state"]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_every_damage_is_named_and_the_fallback_takes_the_intact_checkpoint_before_it(reference, tmp_path, damage):
+    out = tmp_path / "run"
+    shutil.copytree(reference[1], out)
+    named, said = damage_checkpoint(out / "checkpoints" / f"step_{STEPS:08d}", damage)
+    manager = CheckpointManager(_FakeAccelerator(), out)
+    with pytest.raises(CheckpointError) as error:
+        manager.resolve("latest")
+    assert named in str(error.value) and said in str(error.value) and "--resume_fallback" in str(error.value)
+    assert manager.resolve("latest", fallback=True) == manager.path_for(STEPS - 2)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "random state"])
 def test_damaged_checkpoint_is_named_and_skipped_when_asked(run_args, reference, tmp_path, damage):
+    """End to end, for a damaged file and for the part accelerate would skip: the run's own sentence, then
+    --resume_fallback resumes exactly."""
     out = tmp_path / "run"
     shutil.copytree(reference[1], out)
     named, said = damage_checkpoint(out / "checkpoints" / f"step_{STEPS:08d}", damage)
@@ -266,11 +282,21 @@ def test_nan_loss_skip_drops_that_update(run_args, tmp_path):
     assert all(torch.isfinite(t).all() for t in load_file(out / "model.safetensors").values())
 
 
-@pytest.mark.parametrize("writer", ["os", "torch", "safetensors"])
-def test_disk_full_while_saving_keeps_the_previous_checkpoint(run_args, tmp_path, writer):
-    """Each writer of a checkpoint fails on a full disk in its own words; each is one sentence."""
+def test_each_writer_s_full_disk_is_recognised():
+    """What each writer of a run raises on a full disk (tests/fault_injection.py words them as the libraries do)."""
+    from tests.fault_injection import _full
+
+    from sinebert.training.errors import write_failure
+
+    for writer in ("os", "torch", "safetensors"):
+        assert write_failure(_full(writer, "/tmp")) == "the disk is full", writer
+    assert write_failure(ValueError("not a write")) is None
+
+
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(run_args, tmp_path):
+    """torch.save of the optimizer fails on a full disk in its own words (not an OSError): one sentence."""
     out = tmp_path / "run"
-    error = error_line(run(run_args, out, 1, fault=f"disk_full:2:{writer}", expect_ok=False))
+    error = error_line(run(run_args, out, 1, fault="disk_full:2:torch", expect_ok=False))
     assert "because the disk is full" in error and "the previous checkpoint step_00000002 is intact" in error
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002"]
     manager = CheckpointManager(_FakeAccelerator(), out)
