@@ -26,7 +26,7 @@ from sinebert.training.data import hold_out_validation, load_splits, pick_column
 from sinebert.training.embeddings import init_word_embeddings
 from sinebert.training.errors import UserError, run_cli
 from sinebert.training.hub import add_hub_arguments, push_folder
-from sinebert.training.loop import Task, Trainer, save_final, setup_accelerator, shutdown
+from sinebert.training.loop import Task, Trainer, check_step_memory, save_final, setup_accelerator, shutdown
 from sinebert.training.mlm import (
     MaskingCollator,
     StreamingBlocks,
@@ -139,6 +139,11 @@ def main(argv=None):
     if args.init_word_embeddings:
         init_word_embeddings(model, args.init_word_embeddings, tokenizer, from_checkpoint=bool(args.model_name_or_path))
     train_blocks, validation_blocks = load_blocks(args, accelerator, tokenizer)
+    rows = args.per_device_train_batch_size if args.streaming else min(args.per_device_train_batch_size,
+                                                                       len(train_blocks))
+    longest = args.max_seq_length if args.streaming else len(train_blocks[0]["input_ids"])  # blocks are full
+    check_step_memory(model.config, rows * longest, f"--max_seq_length {args.max_seq_length} with "
+                      f"--per_device_train_batch_size {args.per_device_train_batch_size}", accelerator.device)
 
     collator = MaskingCollator(tokenizer, args.mlm_probability, seed=args.seed)
     train_dataloader = torch.utils.data.DataLoader(

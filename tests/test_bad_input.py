@@ -164,3 +164,16 @@ def test_classification_rows_of_the_wrong_kind_are_one_sentence(files, tokenizer
             tokenizer_dir, "--max_train_steps", 1, "--output_dir", files / "out"]
     assert message in user_error(capsys, load_script("finetune_classification"), argv)
     assert not (files / "out").exists()
+
+
+def test_a_step_that_cannot_fit_the_machine_is_refused_before_training(tokenizer_dir, sentences, capsys, monkeypatch,
+                                                                       tmp_path):
+    """--max_seq_length 100000 over the 3,000 sentences makes one block of the whole corpus (about 80k tokens); on a
+    machine of 16 MiB its activations cannot fit, whatever the kernels do."""
+    (tmp_path / "corpus.txt").write_text("\n".join(sentences[:3000]) + "\n")
+    monkeypatch.setattr("sinebert.training.loop.memory_bytes", lambda device: 16 * 2**20)
+    argv = [*TINY[:8], "--max_seq_length", 100_000, "--train_file", tmp_path / "corpus.txt", "--validation_file",
+            tmp_path / "corpus.txt", "--tokenizer_name", tokenizer_dir, "--output_dir", tmp_path / "out"]
+    message = user_error(capsys, pretrain, argv)
+    assert "--max_seq_length 100000 with --per_device_train_batch_size 32 puts" in message, message
+    assert "more than the 16 MiB this machine has" in message and not (tmp_path / "out").exists()

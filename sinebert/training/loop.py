@@ -249,6 +249,32 @@ class RunLock:
             cls._held = None
 
 
+def memory_bytes(device: torch.device) -> int:
+    """All the memory of `device`: the GPU's, or this machine's RAM (a property of the machine, not of the moment)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:,.1f} GiB" if count >= 2**30 else f"{count / 2**20:,.0f} MiB"
+
+
+def check_step_memory(config, tokens: int, what: str, device: torch.device):
+    """UserError before training when one step's activations cannot fit `device` at all, instead of a run that grows
+    until the kernel's OOM killer ends it (and perhaps something else). A lower bound: autograd keeps, per token and
+    layer, at least the layer's input, its attention output and residual sums and the feed-forward activations,
+    4 x hidden + intermediate values, counted at 2 bytes (bf16) even in float32; attention's own memory is left out."""
+    needed = tokens * config.num_hidden_layers * (4 * config.hidden_size + config.intermediate_size) * 2
+    available = memory_bytes(device)
+    if needed > available:
+        raise SharedUserError(
+            f"{what} puts {tokens:,} tokens in each step, whose activations need at least {_size(needed)}, more than "
+            f"the {_size(available)} this {'GPU' if device.type == 'cuda' else 'machine'} has; "
+            "use a shorter length or a smaller batch (--gradient_accumulation_steps keeps the tokens per update)."
+        )
+
+
 def build_optimizer(model: nn.Module, args) -> torch.optim.AdamW:
     """AdamW with weight decay on weight matrices and embeddings only, never on biases or LayerNorm parameters; the
     word embeddings in a group of their own at --embedding_learning_rate when it is given."""
