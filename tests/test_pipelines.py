@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModel, AutoTokenizer, pipeline
+from transformers import AutoModel, AutoModelForQuestionAnswering, AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401  (registers the Auto classes and the QA pipeline)
 from sinebert import (
@@ -219,3 +219,18 @@ def test_sentence_transformers_mean_pooling_and_save_reload(saved_heads, tmp_pat
     encoder.save(str(tmp_path / "st"))
     again = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(sentences, convert_to_tensor=True)
     torch.testing.assert_close(again, embeddings, atol=0, rtol=0)
+
+
+def test_question_answering_starts_from_the_run_s_window_settings(saved_heads, tmp_path):
+    folder = tmp_path / "qa"
+    model = AutoModelForQuestionAnswering.from_pretrained(saved_heads["AutoModelForQuestionAnswering"])
+    model.config.task_specific_params = {"question-answering": {"max_seq_len": 24, "doc_stride": 8,
+                                                                "max_answer_len": 3}}
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(saved_heads["AutoModel"]).save_pretrained(folder)
+    qa = pipeline("question-answering", model=str(folder), trust_remote_code=True)
+    assert qa._preprocess_params == {"max_seq_len": 24, "doc_stride": 8}
+    assert qa._postprocess_params == {"max_answer_len": 3}
+    assert len(qa(question="who ?", context=CONTEXT)["answer"].split()) <= 3
+    given = pipeline("question-answering", model=str(folder), trust_remote_code=True, max_seq_len=32)
+    assert given._preprocess_params == {"max_seq_len": 32, "doc_stride": 8}  # what the caller gives wins
