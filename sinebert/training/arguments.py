@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import UserError
+from .errors import UserError, one_line
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 
@@ -21,6 +21,8 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; `{self.prog} --help` lists the arguments.\n")
 
 
+SCORE_ANOTHER_FILE = ("score another file by fine-tuning with --validation_file set to it, or run the saved folder "
+                      "with --max_train_steps 0 and --validation_file (it evaluates and saves).")
 # Flags of Hugging Face's run_mlm / run_glue / run_ner / run_qa no_trainer examples that sinebert's scripts take but
 # cannot honour, and the sentence each gets (a flag that works is an ordinary argument of the script).
 REFUSED_EXAMPLE_FLAGS = {
@@ -30,10 +32,8 @@ REFUSED_EXAMPLE_FLAGS = {
                     "padding, the same tokens per step); drop the flag, and mark document ends with blank lines.",
     "pad_to_max_length": "--pad_to_max_length: sinebert removes padding before its layers, so padding every batch "
                          "to --max_length would only cost time; drop the flag.",
-    "do_predict": "--do_predict / --test_file: score another file by fine-tuning with --validation_file set to it, or "
-                  "run the saved folder with --max_train_steps 0 and --validation_file (it evaluates and saves).",
-    "test_file": "--test_file: score another file by fine-tuning with --validation_file set to it, or run the saved "
-                 "folder with --max_train_steps 0 and --validation_file (it evaluates and saves).",
+    "do_predict": f"--do_predict / --test_file: {SCORE_ANOTHER_FILE}",
+    "test_file": f"--test_file: {SCORE_ANOTHER_FILE}",
     "max_predict_samples": "--max_predict_samples: there is no prediction stage; --max_eval_samples limits the "
                            "--validation_file questions that are scored.",
     "null_score_diff_threshold": "--null_score_diff_threshold: with --version_2_with_negative the empty answer "
@@ -300,7 +300,7 @@ def read_config_file(path: str) -> dict:
         values = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as error:
         kind = file.suffix.lstrip(".").upper() or "YAML"
-        raise UserError(f"--config_file {path} is not valid {kind}: {' '.join(str(error).split())}") from None
+        raise UserError(f"--config_file {path} is not valid {kind}: {one_line(error)}") from None
     if not isinstance(values, dict):
         raise UserError(f"--config_file {path} must hold a mapping of argument names to values, got "
                         f"{type(values).__name__}.")

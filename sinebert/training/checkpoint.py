@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from safetensors import SafetensorError
 from accelerate.utils.constants import RNG_STATE_NAME
 
-from .errors import write_failure
+from .errors import one_line, write_failure
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
@@ -172,7 +172,7 @@ class CheckpointManager:
                 f"run code, so checkpoint {path} cannot resume exactly. Resume from a checkpoint this project wrote."
             ) from None
         except Exception as error:  # any other failure to read it: missing, not a mapping
-            reason = " ".join(str(error).split())[:160]
+            reason = one_line(error, 160)
             raise CheckpointError(
                 f"{file} cannot be loaded ({type(error).__name__}: {reason}), so checkpoint {path} would not resume "
                 "exactly; it is damaged."

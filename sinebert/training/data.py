@@ -12,7 +12,7 @@ import datasets
 from datasets import DatasetDict, IterableDatasetDict, load_dataset
 from datasets.exceptions import DatasetNotFoundError
 
-from .errors import UserError
+from .errors import UserError, one_line
 
 # `datasets` counts loads of its file builders (text, csv, json) with a request to the hub, even for local files and
 # without a hub name: a name lookup and a connection from every run. sinebert's runs on local files contact nothing.
@@ -81,7 +81,7 @@ def load_hub_dataset(args, streaming: bool) -> DatasetDict | IterableDatasetDict
         return load_dataset(args.dataset_name, args.dataset_config_name, streaming=streaming,
                             trust_remote_code=getattr(args, "trust_remote_code", False) or None)
     except (ConnectionError, DatasetNotFoundError) as error:
-        reason = " ".join(str(error).split())
+        reason = one_line(error)
         raise UserError(
             f"Could not load --dataset_name {name}: {reason}. Check the name and the network (the hub is "
             "unreachable when HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set), or give local files with "

@@ -27,6 +27,12 @@ class SharedUserError(UserError):
     in their next collective call with a communication backend's traceback.)"""
 
 
+def one_line(error: BaseException, limit: int | None = None) -> str:
+    """A library's error message on one line (its whitespace and newlines collapsed), at most `limit` characters if
+    given, to quote inside a sentence."""
+    return " ".join(str(error).split())[:limit]
+
+
 def write_failure(error: BaseException) -> str | None:
     """Why a write failed, when `error` is one of the ways the writers of a run report a failed write, else None:
     an OSError (the metrics log, json, renames), torch.save's RuntimeError from its zip writer ("unexpected pos",
@@ -39,7 +45,7 @@ def write_failure(error: BaseException) -> str | None:
     ):
         if "No space left" in text or "unexpected pos" in text:  # torch's zip writer says the latter when it is full
             return "the disk is full"
-        return f"the write failed ({' '.join(text.split())[:160]})"
+        return f"the write failed ({one_line(error, 160)})"
     return None
 
 

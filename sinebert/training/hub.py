@@ -3,7 +3,7 @@ upload fails before it trains, not after."""
 
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, one_line
 
 # What a run folder holds that is not the model: resumable checkpoints, the best weights kept during training, the
 # data traces of --trace_data, temporary folders of a save in progress, and the run's lock.
@@ -41,7 +41,7 @@ def check_hub(args):
     try:
         HfApi(token=token).whoami()
     except Exception as error:  # any failure of the request: network, authentication, server
-        reason = " ".join(str(error).split())[:200]
+        reason = one_line(error, 200)
         raise UserError(
             f"--push_to_hub: the hub did not accept the token ({type(error).__name__}: {reason}); check the network "
             "and the token before training, or drop --push_to_hub."

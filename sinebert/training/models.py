@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoTokenizer
 from ..configuration_sinebert import ATTENTION_INITS, NORM_PLACEMENTS, SineBertConfig
 from ..tokenization_sinebert import CASE_INPUT, with_case_ids, without_case_ids
 from .arguments import read_config_file
-from .errors import UserError
+from .errors import UserError, one_line
 
 SIZE_FLAGS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "norm_placement",
               "scale_embeddings", "hidden_act", "attention_init")
@@ -152,7 +152,7 @@ def check_architecture(args):
         model_type = AutoConfig.from_pretrained(args.model_name_or_path,
                                                 trust_remote_code=args.trust_remote_code).model_type
     except (OSError, ValueError) as error:
-        reason = " ".join(str(error).split())[:300]
+        reason = one_line(error, 300)
         raise UserError(f"Could not load a config from --model_name_or_path {args.model_name_or_path}: {reason}") \
             from None
     if model_type != SineBertConfig.model_type:
@@ -185,7 +185,7 @@ def load_pretrained(auto_class, args, tokenizer, **config_values):
         if isinstance(model.config, SineBertConfig):
             model.config._validate()  # from_pretrained sets the flags' values after the config's own checks
     except (OSError, SafetensorError) as error:
-        reason = " ".join(str(error).split())[:300]
+        reason = one_line(error, 300)
         raise UserError(
             f"Could not load a model from --model_name_or_path {args.model_name_or_path}: {reason} (a damaged or "
             "truncated weights file reads this way; save or copy the checkpoint again)."
