@@ -58,7 +58,7 @@ def main(argv=None):
     pooling = {"classifier_pooling": args.classifier_pooling} if args.classifier_pooling else {}
     model = load_model(AutoModelForSequenceClassification, args, tokenizer, **data.labels.config_values(), **pooling)
     train_dataloader, eval_dataloader = make_dataloaders(
-        args, accelerator, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)
+        args, accelerator, model.config, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)
     )
     evaluation = ClassificationEvaluation(eval_dataloader, accelerator, data)
     trainer = Trainer(args, accelerator, model, train_dataloader, evaluation.task(args, example_count))

@@ -51,7 +51,7 @@ def main(argv=None):
         id2label=dict(enumerate(data.names)), label2id={name: i for i, name in enumerate(data.names)},
     )
     train_dataloader, eval_dataloader = make_dataloaders(
-        args, accelerator, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id, token_labels=True)
+        args, accelerator, model.config, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id, token_labels=True)
     )
     evaluation = NerEvaluation(eval_dataloader, accelerator, data)
     trainer = Trainer(args, accelerator, model, train_dataloader, evaluation.task(args, labelled_token_count))

@@ -57,7 +57,7 @@ def main(argv=None):
     model = load_model(AutoModelForQuestionAnswering, args, tokenizer)
     model.config.task_specific_params = {"question-answering": pipeline_settings(args)}
     train_dataloader, eval_dataloader = make_dataloaders(
-        args, accelerator, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)
+        args, accelerator, model.config, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)
     )
     evaluation = QAEvaluation(
         eval_dataloader, accelerator, data, args.n_best_size, args.max_answer_length, args.version_2_with_negative

@@ -142,7 +142,7 @@ def main(argv=None):
     rows = args.per_device_train_batch_size if args.streaming else min(args.per_device_train_batch_size,
                                                                        len(train_blocks))
     longest = args.max_seq_length if args.streaming else len(train_blocks[0]["input_ids"])  # blocks are full
-    check_step_memory(model.config, rows * longest, f"--max_seq_length {args.max_seq_length} with "
+    check_step_memory(model.config, rows, longest, f"--max_seq_length {args.max_seq_length} with "
                       f"--per_device_train_batch_size {args.per_device_train_batch_size}", accelerator.device)
 
     collator = MaskingCollator(tokenizer, args.mlm_probability, seed=args.seed)

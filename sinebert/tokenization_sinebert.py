@@ -15,6 +15,9 @@ from transformers.utils import PaddingStrategy
 # The values of `case_ids`: the rows of the model's case embedding (`SineBertEmbeddings.case_embeddings`).
 LOWER, CAPITALISED, UPPER = 0, 1, 2
 CASE_INPUT = "case_ids"
+# Half of a UTF-16 surrogate pair on its own (what a JSON "\ud800" or bytes decoded with errors="surrogateescape"
+# leave in a str): not a Unicode character, and `tokenizers` refuses it with a TypeError about its input types.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def cased_letters(text: str) -> list[str]:
@@ -51,6 +54,22 @@ class Words:
         return letter_case(whole) if cased_letters(piece) else LOWER
 
 
+def check_text(value):
+    """ValueError naming the first lone surrogate in a text, a pair of texts or a (batch of) pre-split words."""
+    if isinstance(value, str):
+        found = LONE_SURROGATE.search(value)
+        if found:
+            start = max(0, found.start() - 20)
+            raise ValueError(
+                f"The text {value[start:found.start() + 20]!r} holds a lone surrogate (U+{ord(found.group()):04X}) at "
+                f"character {found.start()}, which is not a Unicode character; decode the text's bytes with "
+                "errors='replace' or remove it."
+            )
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            check_text(item)
+
+
 def encoding_case_ids(encoding, words: tuple[Words, ...]) -> list[int]:
     """`case_ids` of one row, a `tokenizers.Encoding` of the text (and text pair) whose `words` are given; special
     tokens and padding are LOWER."""
@@ -61,11 +80,14 @@ def encoding_case_ids(encoding, words: tuple[Words, ...]) -> list[int]:
 
 
 class SineBertTokenizer(TokenizersBackend):
-    """A `tokenizers`-backed tokenizer that adds `case_ids` (LOWER, CAPITALISED or UPPER per token) to its outputs
-    when `"case_ids"` is in `model_input_names`; `pad` pads them with LOWER."""
+    """A `tokenizers`-backed tokenizer that refuses text with lone surrogates in one sentence, and adds `case_ids`
+    (LOWER, CAPITALISED or UPPER per token) to its outputs when `"case_ids"` is in `model_input_names`; `pad` pads
+    them with LOWER."""
 
     def _encode_plus(self, text, text_pair=None, *args, is_split_into_words: bool = False, return_tensors=None,
                      **kwargs):
+        check_text(text)
+        check_text(text_pair)
         encoded = super()._encode_plus(text, text_pair, *args, is_split_into_words=is_split_into_words,
                                        return_tensors=return_tensors, **kwargs)
         if CASE_INPUT not in self.model_input_names or not encoded.encodings:

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from tests.conftest import load_script, user_error
 
@@ -177,3 +178,32 @@ def test_a_step_that_cannot_fit_the_machine_is_refused_before_training(tokenizer
     message = user_error(capsys, pretrain, argv)
     assert "--max_seq_length 100000 with --per_device_train_batch_size 32 puts" in message, message
     assert "more than the 16 MiB this machine has" in message and not (tmp_path / "out").exists()
+
+
+def test_a_fine_tuning_step_that_cannot_fit_the_machine_is_refused_before_training(files, tokenizer_dir, capsys,
+                                                                                   monkeypatch):
+    """Batches of 4 rows padded to the longest review, on a machine of 64 KiB."""
+    monkeypatch.setattr("sinebert.training.loop.memory_bytes", lambda device: 64 * 2**10)
+    rows = "".join(json.dumps({"text": s, "label": i % 2}) + "\n" for i, s in enumerate(["a good film " * 40] * 8))
+    (files / "long.jsonl").write_text(rows)
+    argv = [*TINY[:8], "--train_file", files / "long.jsonl", "--validation_file", files / "long.jsonl",
+            "--tokenizer_name", tokenizer_dir, "--per_device_train_batch_size", 4, "--output_dir", files / "out"]
+    message = user_error(capsys, load_script("finetune_classification"), argv)
+    assert "with --per_device_train_batch_size 4 puts" in message and "this machine has" in message, message
+    assert not (files / "out").exists()
+
+
+def test_eager_attention_counts_its_weights_in_the_memory_a_step_needs(monkeypatch):
+    """At 8,192 tokens, 2 heads and 2 layers eager's (heads, seq, seq) weights take 512 MiB, the rest of the step 6
+    MiB; the memory-linear kernels keep no weights."""
+    from sinebert import SineBertConfig
+    from sinebert.training.errors import UserError
+    from sinebert.training.loop import check_step_memory
+
+    monkeypatch.setattr("sinebert.training.loop.memory_bytes", lambda device: 256 * 2**20)
+    config = SineBertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    config._attn_implementation = "sdpa"
+    check_step_memory(config, 1, 8192, "sdpa", torch.device("cpu"))
+    config._attn_implementation = "eager"
+    with pytest.raises(UserError, match="need at least 518 MiB, more than the 256 MiB"):
+        check_step_memory(config, 1, 8192, "eager", torch.device("cpu"))

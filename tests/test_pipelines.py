@@ -130,6 +130,29 @@ def test_feature_extraction(saved_heads):
     assert len(features[0]) == tokens and len(features[0][0]) == 32
 
 
+@pytest.mark.parametrize(("task", "auto", "text"), [
+    ("fill-mask", "AutoModelForMaskedLM", "a [MASK] film \ud800"),
+    ("text-classification", "AutoModelForSequenceClassification", ["a fine film", "a dull \udfff film"]),
+    ("token-classification", "AutoModelForTokenClassification", "maria \udc80 wrote it"),
+    ("feature-extraction", "AutoModel", "a short \ud83d sentence"),
+])
+def test_text_with_a_lone_surrogate_is_one_sentence_in_every_pipeline(saved_heads, task, auto, text):
+    """Half a surrogate pair (from a JSON "\\ud800", or bytes decoded with errors="surrogateescape") is named, where
+    `tokenizers` alone raised "TextEncodeInput must be Union[...]"."""
+    serve = pipeline(task, model=str(saved_heads[auto]))
+    with pytest.raises(ValueError, match=r"holds a lone surrogate \(U\+D[89A-F][0-9A-F]{2}\) at character \d+"):
+        serve(text)
+    assert serve("a fine film [MASK]" if task == "fill-mask" else "a fine film")  # a valid text still goes through
+
+
+def test_question_answering_names_a_lone_surrogate_in_the_question_or_the_context(saved_heads):
+    qa = pipeline("extractive-question-answering", model=str(saved_heads["AutoModelForQuestionAnswering"]))
+    with pytest.raises(ValueError, match="at character 4"):
+        qa(question="who \ud800 wrote it ?", context=CONTEXT)
+    with pytest.raises(ValueError, match="at character 9"):
+        qa(question="who wrote it ?", context="the film \udfff was written by maria")
+
+
 def test_extractive_question_answering_spans_long_contexts(saved_heads):
     qa = pipeline("extractive-question-answering", model=str(saved_heads["AutoModelForQuestionAnswering"]))
     long_context = " ".join([CONTEXT] * 4)  # about 90 tokens: several windows of 32 tokens

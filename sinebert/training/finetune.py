@@ -24,7 +24,7 @@ from .arguments import (
 )
 from .errors import UserError
 from .hub import add_hub_arguments, push_folder
-from .loop import Task, Trainer, save_final
+from .loop import Task, Trainer, check_step_memory, save_final
 from .models import add_size_arguments, load_pretrained
 from .reporting import write_model_card
 
@@ -146,9 +146,10 @@ class LengthGroupedSampler(torch.utils.data.Sampler):
             yield from batch
 
 
-def make_dataloaders(args, accelerator: Accelerator, train_rows: list[dict], eval_rows: list[dict],
+def make_dataloaders(args, accelerator: Accelerator, config, train_rows: list[dict], eval_rows: list[dict],
                      collator: PaddingCollator):
-    """The training loader (prepared later by `Trainer`) and the prepared evaluation loader.
+    """The training loader (prepared later by `Trainer`) and the prepared evaluation loader, once a step of the
+    longest rows is known to fit the machine.
 
     Evaluation rows carry `example_index`, their position, so that predictions come back in dataset order.
     """
@@ -156,6 +157,10 @@ def make_dataloaders(args, accelerator: Accelerator, train_rows: list[dict], eva
         raise UserError("There is no training example left to train on; check the training data and its columns.")
     if not eval_rows:
         raise UserError("There is no evaluation example; give --validation_file or a larger training set.")
+    longest = max(len(row["input_ids"]) for row in train_rows)
+    check_step_memory(config, min(args.per_device_train_batch_size, len(train_rows)), longest,
+                      f"--max_length {args.max_length} with --per_device_train_batch_size "
+                      f"{args.per_device_train_batch_size}", accelerator.device)
     if args.group_by_length:
         # accelerate deals the per-process batches out in turn: one global batch is `processes` consecutive ones.
         global_batch = args.per_device_train_batch_size * accelerator.num_processes

@@ -260,12 +260,18 @@ def _size(count: int) -> str:
     return f"{count / 2**30:,.1f} GiB" if count >= 2**30 else f"{count / 2**20:,.0f} MiB"
 
 
-def check_step_memory(config, tokens: int, what: str, device: torch.device):
+def check_step_memory(config, rows: int, length: int, what: str, device: torch.device):
     """UserError before training when one step's activations cannot fit `device` at all, instead of a run that grows
-    until the kernel's OOM killer ends it (and perhaps something else). A lower bound: autograd keeps, per token and
-    layer, at least the layer's input, its attention output and residual sums and the feed-forward activations,
-    4 x hidden + intermediate values, counted at 2 bytes (bf16) even in float32; attention's own memory is left out."""
+    until the kernel's OOM killer ends it (and perhaps something else). A lower bound for `rows` sequences of
+    `length` tokens: autograd keeps, per token and layer, at least the layer's input, its attention output and
+    residual sums and the feed-forward activations, 4 x hidden + intermediate values, counted at 2 bytes (bf16) even
+    in float32. Under "eager" each full-attention layer also keeps its (heads, length, length) weights; the other
+    kernels' attention memory grows with the length only and is left out."""
+    tokens = rows * length
     needed = tokens * config.num_hidden_layers * (4 * config.hidden_size + config.intermediate_size) * 2
+    if (config._attn_implementation or "eager") == "eager":
+        full_layers = config.layer_types.count("full_attention")
+        needed += rows * config.num_attention_heads * length**2 * full_layers * 2
     available = memory_bytes(device)
     if needed > available:
         raise SharedUserError(

@@ -1,10 +1,10 @@
-"""Train a BERT-style WordPiece tokenizer and save it for `AutoTokenizer.from_pretrained`."""
+"""Train a BERT-style WordPiece tokenizer, a `SineBertTokenizer`, and save it for `AutoTokenizer.from_pretrained`."""
 
 from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
 
+from ..tokenization_sinebert import SineBertTokenizer
 from .errors import UserError
 
 SPECIAL_TOKENS = {
@@ -23,7 +23,7 @@ def train_wordpiece(
     lowercase: bool = True,
     special_tokens: dict[str, str] | None = None,
     model_max_length: int = 512,
-) -> PreTrainedTokenizerFast:
+) -> SineBertTokenizer:
     """WordPiece with BERT's normalisation and pre-tokenisation; [CLS] A [SEP] (B [SEP]) with token types 0/1.
 
     The special tokens take ids 0-4 in the order pad, unk, cls, sep, mask, so `pad_token_id` is 0 as
@@ -51,7 +51,7 @@ def train_wordpiece(
         pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
         special_tokens=[(cls, tokenizer.token_to_id(cls)), (sep, tokenizer.token_to_id(sep))],
     )
-    return PreTrainedTokenizerFast(
+    return SineBertTokenizer(
         tokenizer_object=tokenizer,
         model_max_length=model_max_length,
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],
