@@ -20,22 +20,26 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 
-def accelerate_command(script: str, processes: int = 1, threads: int = 1) -> list[str]:
+def accelerate_command(script: str, processes: int = 1, threads: int = 1, config: str | None = None) -> list[str]:
     """`accelerate launch <script>` on 1 or more CPU processes of `threads` threads, as
-    configs/accelerate/cpu_2proc.yaml launches two.
+    configs/accelerate/cpu_2proc.yaml launches two, or with configs/accelerate/`config` (its process count and
+    precision overridden).
 
     One thread per process by default: on a busy 2-core machine more threads than cores make every step many times
     slower.
     """
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
                 "--dynamo_backend", "no", "--num_cpu_threads_per_process", str(threads)]
-    launcher += ["--num_processes", "1"] if processes == 1 else ["--multi_gpu", "--num_processes", str(processes)]
+    if config:
+        launcher += ["--config_file", str(ROOT / "configs" / "accelerate" / config), "--num_processes", str(processes)]
+    else:
+        launcher += ["--num_processes", "1"] if processes == 1 else ["--multi_gpu", "--num_processes", str(processes)]
     return [*launcher, script]
 
 
-def launch_script(name: str, *args, processes: int = 1, threads: int = 1, timeout: int = 600):
+def launch_script(name: str, *args, processes: int = 1, threads: int = 1, timeout: int = 600, config: str | None = None):
     """Run scripts/<name>.py through `accelerate launch` on the CPU; asserts that it succeeds."""
-    command = accelerate_command(str(ROOT / "scripts" / f"{name}.py"), processes, threads)
+    command = accelerate_command(str(ROOT / "scripts" / f"{name}.py"), processes, threads, config)
     result = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, timeout=timeout,
                             env={**os.environ, "ACCELERATE_USE_CPU": "true"}, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -57,7 +57,9 @@ def test_the_readme_multi_gpu_command_resolves_to_every_gpu_of_a_machine():
 
 
 @pytest.mark.parametrize(("variable", "value", "message"), [
-    ("ACCELERATE_USE_FSDP", "true", "The launch config asks for FSDP, which accelerate runs on GPUs only"),
+    ("ACCELERATE_USE_FSDP", "true", "The launch config asks for FSDP, which shards the model across processes, but "
+                                    "this launch has one process"),
+    ("FSDP_VERSION", "1", "The launch config asks for FSDP version 1, which accelerate runs on GPUs only"),
     ("MASTER_ADDR", "FIRST_MACHINE_ADDRESS", "main_process_ip is still FIRST_MACHINE_ADDRESS"),
 ])
 def test_configs_that_cannot_run_here_are_one_sentence_before_anything_starts(tmp_path, capsys, monkeypatch, variable,
@@ -66,6 +68,9 @@ def test_configs_that_cannot_run_here_are_one_sentence_before_anything_starts(tm
     from tests.conftest import load_script, user_error
 
     monkeypatch.setenv(variable, value)
+    if variable == "FSDP_VERSION":  # fsdp.yaml edited to FSDP 1, launched on two processes
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        monkeypatch.setenv("WORLD_SIZE", "2")
     argv = ["--train_file", tmp_path / "x.txt", "--output_dir", tmp_path / "out"]
     assert message in user_error(capsys, load_script("pretrain"), argv)
     assert not (tmp_path / "out").exists()

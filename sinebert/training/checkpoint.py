@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from accelerate.utils.constants import RNG_STATE_NAME
 
 from .errors import one_line, write_failure
+from .sharding import check_sharded_index
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
@@ -107,15 +108,19 @@ class CheckpointManager:
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 (temporary / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
+                # Files in subfolders too: under FSDP each process writes its shards into pytorch_model_fsdp_0/ and
+                # optimizer_0/ (torch.distributed.checkpoint's layout).
+                files = sorted(p for p in temporary.rglob("*") if p.is_file())
                 manifest = {
-                    p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
-                    for p in sorted(temporary.iterdir())
-                    if p.is_file()
+                    p.relative_to(temporary).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+                    for p in files
                 }
                 (temporary / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=1))
-                for file in temporary.iterdir():
+                for file in [*files, temporary / MANIFEST]:
                     with file.open("rb") as handle:
                         os.fsync(handle.fileno())
+                for folder in {file.parent for file in files}:
+                    _fsync_dir(folder)
                 if final.exists():  # a stale checkpoint of the same step from an earlier run of this folder
                     shutil.rmtree(final)
                 os.replace(temporary, final)
@@ -158,6 +163,12 @@ class CheckpointManager:
             if _sha256(file) != expected["sha256"]:
                 raise CheckpointError(f"{file} does not match the checksum it was written with: it is damaged.")
         self._check_random_state(path)
+        problem = check_sharded_index(path)
+        if problem:
+            raise CheckpointError(
+                f"{problem}; it was refused because unpickling other objects can run code, so checkpoint {path} "
+                "cannot be trusted. Resume from a checkpoint this project wrote."
+            )
 
     def _check_random_state(self, path: Path):
         from accelerate.utils import load  # torch.load with weights_only=True and numpy's types allowed

@@ -32,6 +32,9 @@ from .checkpoint import CheckpointManager
 from .errors import SharedUserError, UserError, make_folder, release_on_error, write_failure
 from .hub import check_hub
 from .reporting import MetricsLog, plot_curves, write_json
+from .sharding import (
+    check_cpu_fsdp_launch, fsdp_requested, full_state_dict, is_sharded, load_full_state_dict, shard_on_cpu, unsharded_copy,
+)
 
 
 @dataclass
@@ -96,8 +99,11 @@ def setup_accelerator(args) -> Accelerator:
         project_dir=args.output_dir,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
     )
+    if cpu and fsdp_requested():
+        shard_on_cpu(accelerator)
     if cpu and accelerator.num_processes > 1:
-        accelerator.print(f"No GPU found: running {accelerator.num_processes} processes on the CPU (gloo).")
+        sharded = ", fully sharded (FSDP 2)" if is_sharded(accelerator) else ""
+        accelerator.print(f"No GPU found: running {accelerator.num_processes} processes on the CPU (gloo){sharded}.")
     if cpu and accelerator.mixed_precision == "bf16" and not cpu_has_native_bf16():
         accelerator.print("Note: this CPU has no bf16 matrix instructions (AVX512-BF16 or AMX), so bf16 runs in "
                           "software, about 30x slower than fp32 on the machine where this was measured; "
@@ -128,15 +134,11 @@ ADDRESS_PLACEHOLDER = "FIRST_MACHINE_ADDRESS"
 
 
 def check_launch(cpu: bool):
-    """One sentence, in every process alike, where the launch config cannot run as written here: FSDP without GPUs
-    (accelerate would run unsharded DDP without a word) or multi_node.yaml's placeholder address (the processes would
+    """One sentence, in every process alike, where the launch config cannot run as written here: FSDP on CPUs that
+    cannot shard (`sharding.check_cpu_fsdp_launch`) or multi_node.yaml's placeholder address (the processes would
     wait for it for 15 minutes)."""
-    if cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
-        raise SharedUserError(
-            "The launch config asks for FSDP, which accelerate runs on GPUs only: on this machine without one it would "
-            "train unsharded DDP instead. Launch with configs/accelerate/cpu_2proc.yaml (data parallel on CPUs), or "
-            "run FSDP on a GPU machine."
-        )
+    if cpu and fsdp_requested():
+        check_cpu_fsdp_launch()
     if os.environ.get("MASTER_ADDR") == ADDRESS_PLACEHOLDER:
         raise SharedUserError(
             f"The launch config's main_process_ip is still {ADDRESS_PLACEHOLDER}: set it to the first machine's "
@@ -332,6 +334,12 @@ class Trainer:
         if args.adversarial_epsilon < 0:
             raise UserError(f"--adversarial_epsilon {args.adversarial_epsilon} is negative: it is the length of a step "
                             "up the loss gradient; pass a positive value (0.25 in the SST-2 recipe), or 0 to disable.")
+        if args.adversarial_epsilon and is_sharded(accelerator):
+            raise SharedUserError(
+                f"--adversarial_epsilon {args.adversarial_epsilon} moves the whole word-embedding matrix along its "
+                "gradient, which FSDP splits across processes; launch with a data-parallel config "
+                "(configs/accelerate/cpu_2proc.yaml or multi_gpu.yaml) or pass --adversarial_epsilon 0."
+            )
         self.evaluate_first = evaluate_first
         if not streaming:  # sharded first: an epoch is this process's share of the batches
             train_dataloader = accelerator.prepare(train_dataloader)
@@ -667,9 +675,14 @@ class Trainer:
 
     def _save_best(self):
         """The weights of the best evaluation so far, replaced atomically (a crash leaves the previous best)."""
+        sharded = is_sharded(self.accelerator)
+        state = full_state_dict(self.accelerator, self.model) if sharded else None  # every process gathers
         if self.accelerator.is_main_process:
             partial = self.best_weights.with_suffix(".partial")
-            safetensors.torch.save_model(self.unwrapped_model(), str(partial))
+            if sharded:
+                safetensors.torch.save_file(state, str(partial))
+            else:
+                safetensors.torch.save_model(self.unwrapped_model(), str(partial))
             os.replace(partial, self.best_weights)
 
     def _restore_best(self):
@@ -679,11 +692,15 @@ class Trainer:
         if self.state.best_step is None:
             return
         model = self.unwrapped_model()
-        if self.accelerator.is_main_process:
-            safetensors.torch.load_model(model, str(self.best_weights))
-        if self.accelerator.num_processes > 1:
-            for tensor in model.state_dict().values():
-                torch.distributed.broadcast(tensor, src=0)
+        if is_sharded(self.accelerator):
+            main = self.accelerator.is_main_process
+            load_full_state_dict(self.accelerator, model, safetensors.torch.load_file(self.best_weights) if main else {})
+        else:
+            if self.accelerator.is_main_process:
+                safetensors.torch.load_model(model, str(self.best_weights))
+            if self.accelerator.num_processes > 1:
+                for tensor in model.state_dict().values():
+                    torch.distributed.broadcast(tensor, src=0)
         self._run_evaluation()
         self.accelerator.print(f"Kept the weights of step {self.state.best_step}, the best {self.task.main_metric}.")
 
@@ -724,6 +741,9 @@ def save_final(accelerator: Accelerator, model: nn.Module, tokenizer, output_dir
     crash never leaves a half-written model file in `output_dir`.
     """
     accelerator.wait_for_everyone()
+    if is_sharded(accelerator):  # every process holds a shard: they are gathered into the main process's copy
+        state = full_state_dict(accelerator, model)
+        model = unsharded_copy(model, state) if accelerator.is_main_process else model
     if accelerator.is_main_process:
         output = Path(output_dir)
         staging = output / ".tmp-final"

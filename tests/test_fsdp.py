@@ -1,0 +1,154 @@
+"""FSDP 2 on two CPU processes over gloo, launched with configs/accelerate/fsdp.yaml as a user launches it: the
+parameters and optimizer state are sharded, the checkpoints are sharded and resume exactly, the training equals
+data parallelism's, and the final folder is a plain one that loads anywhere."""
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForMaskedLM
+
+import sinebert  # noqa: F401  (registers the Auto classes)
+from sinebert.training.checkpoint import CheckpointError, CheckpointManager
+from tests.conftest import ROOT, accelerate_command, launch_script
+from tests.fixtures import corpus
+
+TINY = ["--hidden_size", 64, "--num_hidden_layers", 2, "--num_attention_heads", 4, "--intermediate_size", 128,
+        "--hidden_dropout_prob", 0, "--attention_probs_dropout_prob", 0, "--logging_steps", 1, "--learning_rate", 1e-3]
+PRETRAIN = [*TINY, "--max_seq_length", 64, "--per_device_train_batch_size", 8, "--max_train_steps", 12,
+            "--eval_steps", 12, "--checkpointing_steps", 6]
+
+
+def losses(folder) -> dict[int, float]:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows if "loss" in row}
+
+
+@pytest.fixture(scope="module")
+def pretrained(text_corpus, tokenizer_dir, tmp_path_factory):
+    """The same 12 steps of pretraining under FSDP and under DDP, two processes each."""
+    root = tmp_path_factory.mktemp("fsdp")
+    data = ["--train_file", text_corpus / "train.txt", "--validation_file", text_corpus / "valid.txt",
+            "--tokenizer_name", tokenizer_dir]
+    sharded = launch_script("pretrain", *data, *PRETRAIN, "--output_dir", root / "fsdp", processes=2, config="fsdp.yaml")
+    launch_script("pretrain", *data, *PRETRAIN, "--output_dir", root / "ddp", processes=2)
+    return {"root": root, "data": data, "stdout": sharded.stdout + sharded.stderr}
+
+
+def test_pretraining_is_sharded_and_trains_as_data_parallel_does(pretrained):
+    fsdp, ddp = pretrained["root"] / "fsdp", pretrained["root"] / "ddp"
+    assert "running 2 processes on the CPU (gloo), fully sharded (FSDP 2)" in pretrained["stdout"]
+    checkpoint = fsdp / "checkpoints" / "step_00000006"
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):
+        shards = [checkpoint / part / f"__{rank}_0.distcp" for rank in (0, 1)]
+        sizes = [shard.stat().st_size for shard in shards]
+        # Each process wrote its own half (dimension 0 of every tensor is split between the two).
+        assert all(0.4 < size / sum(sizes) < 0.6 for size in sizes), (part, sizes)
+    assert not list(checkpoint.glob("*.safetensors"))  # no unsharded copy of the model in the checkpoint
+    assert set(losses(fsdp)) == set(range(1, 13))
+    for step, loss in losses(ddp).items():
+        assert losses(fsdp)[step] == pytest.approx(loss, abs=1e-5)
+    a, b = load_file(fsdp / "model.safetensors"), load_file(ddp / "model.safetensors")
+    assert sorted(a) == sorted(b) and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+def test_the_final_folder_of_a_sharded_run_is_a_plain_one(pretrained):
+    fsdp = pretrained["root"] / "fsdp"
+    assert (fsdp / "modeling_sinebert.py").is_file() and not list(fsdp.glob("_fsdp*.py"))
+    assert json.loads((fsdp / "config.json").read_text())["architectures"] == ["SineBertForMaskedLM"]
+    model = AutoModelForMaskedLM.from_pretrained(fsdp)
+    weights = load_file(fsdp / "model.safetensors")
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in weights.items())
+
+
+def test_a_sharded_checkpoint_resumes_exactly(pretrained, tmp_path):
+    fsdp, stopped = pretrained["root"] / "fsdp", tmp_path / "stopped"
+    (stopped / "checkpoints").mkdir(parents=True)
+    shutil.copytree(fsdp / "checkpoints" / "step_00000006", stopped / "checkpoints" / "step_00000006")
+    rows = (fsdp / "metrics.jsonl").read_text().splitlines()
+    (stopped / "metrics.jsonl").write_text("".join(r + "\n" for r in rows if json.loads(r)["step"] <= 6))
+    launch_script("pretrain", *pretrained["data"], *PRETRAIN, "--output_dir", stopped, "--resume_from_checkpoint",
+                  "latest", processes=2, config="fsdp.yaml")
+    assert losses(stopped) == losses(fsdp)
+    a, b = load_file(fsdp / "model.safetensors"), load_file(stopped / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+class _OneProcess:
+    is_main_process, process_index = True, 0
+
+    def print(self, *args):
+        print(*args)
+
+
+def test_a_planted_pickle_as_the_shards_index_is_refused_without_running(pretrained, tmp_path):
+    """torch.distributed.checkpoint reads its `.metadata` index with pickle.load: a planted one (with a manifest
+    rewritten to match) is refused before it does, and runs nothing."""
+    root = tmp_path / "run"
+    shutil.copytree(pretrained["root"] / "fsdp" / "checkpoints", root / "checkpoints")
+    checkpoint, marker = root / "checkpoints" / "step_00000012", tmp_path / "ran"
+    index = checkpoint / "pytorch_model_fsdp_0" / ".metadata"
+    index.write_bytes(pickle.dumps({"state": _Exploit(marker)}))
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"]["pytorch_model_fsdp_0/.metadata"] = {
+        "size": index.stat().st_size, "sha256": hashlib.sha256(index.read_bytes()).hexdigest()}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    manager = CheckpointManager(_OneProcess(), root)
+    with pytest.raises(CheckpointError, match="is not a sharded checkpoint's index .*posix.system is not part"):
+        manager.resolve("latest")
+    assert manager.resolve("latest", fallback=True) == manager.path_for(6)
+    assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reviews")
+    corpus.write_reviews_tsv(folder / "train.tsv", corpus.reviews(600, seed=1))
+    corpus.write_reviews_tsv(folder / "dev.tsv", corpus.reviews(100, seed=2))
+    return folder
+
+
+def test_fine_tuning_keeps_the_best_weights_under_fsdp_as_under_data_parallel(reviews, tokenizer_dir, tmp_path):
+    """The best evaluation's weights are gathered from the shards, kept, and given back to every shard at the end."""
+    argv = ["--train_file", reviews / "train.tsv", "--validation_file", reviews / "dev.tsv", "--tokenizer_name",
+            tokenizer_dir, *TINY, "--scale_embeddings", "--per_device_train_batch_size", 16, "--max_train_steps", 12,
+            "--eval_steps", 3, "--load_best_model_at_end"]
+    launch_script("finetune_classification", *argv, "--output_dir", tmp_path / "fsdp", processes=2, config="fsdp.yaml")
+    launch_script("finetune_classification", *argv, "--output_dir", tmp_path / "ddp", processes=2)
+    results = [json.loads((tmp_path / run / "all_results.json").read_text()) for run in ("fsdp", "ddp")]
+    assert results[0]["best_step"] == results[1]["best_step"] < 12  # weights of an earlier step were given back
+    assert results[0]["eval_accuracy"] == pytest.approx(results[1]["eval_accuracy"])
+    predictions = [(tmp_path / run / "eval_predictions.jsonl").read_text() for run in ("fsdp", "ddp")]
+    assert predictions[0] == predictions[1]
+    a, b = load_file(tmp_path / "fsdp" / "model.safetensors"), load_file(tmp_path / "ddp" / "model.safetensors")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+@pytest.mark.parametrize(("processes", "extra", "message"), [
+    (1, [], "The launch config asks for FSDP, which shards the model across processes, but this launch has one"),
+    (2, ["--adversarial_epsilon", 0.25], "--adversarial_epsilon 0.25 moves the whole word-embedding matrix"),
+])
+def test_what_fsdp_cannot_do_here_is_one_sentence(reviews, tokenizer_dir, tmp_path, processes, extra, message):
+    argv = ["--train_file", reviews / "train.tsv", "--validation_file", reviews / "dev.tsv", "--tokenizer_name",
+            tokenizer_dir, *TINY, "--max_train_steps", 2, *extra, "--output_dir", tmp_path / "out"]
+    command = accelerate_command(str(ROOT / "scripts" / "finetune_classification.py"), processes, config="fsdp.yaml")
+    result = subprocess.run([*command, *map(str, argv)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env={**os.environ, "ACCELERATE_USE_CPU": "true"})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and f"error: {message}" in output
+    assert "]: Traceback" not in output  # no worker's traceback ([rank0]: ...), only the launcher's summary
+    assert not (tmp_path / "out").exists()
