@@ -84,8 +84,8 @@ def load_full_state_dict(accelerator: Accelerator, model: nn.Module, state: dict
 
     with torch.no_grad():
         for name, target in model.state_dict().items():  # tensors sharing the parameters' storage
-            full = state[name] if accelerator.is_main_process else torch.empty(target.shape, dtype=target.dtype)
-            full = full.to(target.dtype)
+            full = state[name] if accelerator.is_main_process else torch.empty(target.shape)
+            full = full.to(device=target.device, dtype=target.dtype)  # a GPU's shards are scattered from the GPU
             if isinstance(target, DTensor):
                 target.copy_(distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=0))
             else:
