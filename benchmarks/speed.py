@@ -1,4 +1,5 @@
-"""sinebert against Hugging Face BERT of identical dimensions, side by side in one process, on the same batches.
+"""sinebert against transformers' BERT and ModernBERT of identical dimensions, side by side in one process, on the
+same batches.
 
     python benchmarks/speed.py              # everything (about 26 minutes on 2 CPU cores)
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
@@ -10,15 +11,17 @@
                                             # and the bf16 softmax and products that unpadding rounds up for
 
 Measures (each model in its own best setting: sinebert with its pretraining settings, those of
-configs/cram/pretrain.yaml, and again with token dropping (TOKEN_DROPPING, a pretraining flag); BERT with
-attn_implementation="sdpa" and its own defaults, BERT again without dropout, as sinebert pretrains, and BERT with
-attn_implementation="eager", which is faster than its sdpa in bf16 on some CPUs; steps interleaved, so machine noise
-hits all alike):
+configs/cram/pretrain.yaml (no dropout), and again with token dropping (TOKEN_DROPPING, a pretraining flag); BERT with
+attn_implementation="sdpa" and its own defaults (dropout 0.1), BERT again without dropout, as sinebert pretrains, and
+BERT with attn_implementation="eager", which is faster than its sdpa in bf16 on some CPUs; ModernBERT as
+`modernbert_config` builds it (no dropout, as it pretrains), under "sdpa" and under "eager"; steps interleaved, so
+machine noise hits all alike; each sinebert row's ratio is against the fastest of the peers in that row):
 - pretraining step throughput (tokens/s) at two sizes, fp32 and bf16 autocast, batch 32 x 128, 15% masking;
   and the model FLOP/s of each as a share of this machine's matmul peak for that dtype (measured here);
 - inference throughput on the SST-2 dev sentences in batches of 32 padded to the longest, as users run BERT;
 - peak memory (RSS) of each in a fresh process;
-- masked-token accuracy after the same steps on the same real batches, at both sizes (--curve_steps).
+- masked-token accuracy after the same steps on the same real batches, at both sizes (--curve_steps), against the
+  steps and against each model's own training seconds (time to accuracy).
 Writes benchmarks/results/speed.{json,md} and speed.png.
 """
 
@@ -34,7 +37,14 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+)
 
 from sinebert import SineBertConfig, SineBertForMaskedLM, SineBertForSequenceClassification
 from sinebert.training.loop import cpu_has_native_bf16
@@ -129,6 +139,39 @@ def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert
     return ours.to(DEVICE), theirs.to(DEVICE)
 
 
+def modernbert_config(size: str, attention: str = "sdpa", **extra) -> ModernBertConfig:
+    """transformers' ModernBERT at `size`: every layer global (at 128 tokens its 128-token local window would see every
+    token anyway), the masked-only head (`sparse_prediction`, as sinebert's), and a GLU width of 2/3 of BERT's
+    intermediate size, so that its feed-forward FLOPs equal BERT's; no dropout (its default and its recipe)."""
+    dims = SIZES[size]
+    return ModernBertConfig(
+        vocab_size=VOCAB, hidden_size=dims["hidden_size"], num_hidden_layers=dims["num_hidden_layers"],
+        num_attention_heads=dims["num_attention_heads"], intermediate_size=round(2 * dims["intermediate_size"] / 3),
+        max_position_embeddings=512, layer_types=["full_attention"] * dims["num_hidden_layers"],
+        sparse_prediction=True, pad_token_id=0, cls_token_id=2, bos_token_id=2, sep_token_id=3, eos_token_id=3,
+        attn_implementation=attention, **extra,
+    )
+
+
+def modernbert(size: str, task: str = "mlm", attention: str = "sdpa"):
+    torch.manual_seed(0)
+    if task == "mlm":
+        return ModernBertForMaskedLM(modernbert_config(size, attention)).to(DEVICE)
+    return ModernBertForSequenceClassification(modernbert_config(size, attention, num_labels=2)).to(DEVICE)
+
+
+PEERS = ("bert", "bert_no_dropout", "bert_eager", "modernbert", "modernbert_eager")
+
+
+def against_fastest_peer(result: dict, names: tuple[str, ...]):
+    """Adds, for each of `names`, its tokens/s over the fastest peer's in `result`, and which peer that was."""
+    peers = [peer for peer in PEERS if f"{peer}_tokens_per_second" in result]
+    fastest = max(peers, key=lambda peer: result[f"{peer}_tokens_per_second"])
+    result["fastest_peer"] = fastest
+    for name in names:
+        result[f"{name}_vs_fastest_peer"] = result[f"{name}_tokens_per_second"] / result[f"{fastest}_tokens_per_second"]
+
+
 def masked_batch(generator: torch.Generator) -> dict:
     ids = torch.randint(5, VOCAB, (BATCH, SEQ), generator=generator)
     chosen = torch.rand(BATCH, SEQ, generator=generator) < MASKING
@@ -147,6 +190,8 @@ def training_flops_per_token(size: str, model: str) -> float:
     attention = 2 * 2 * SEQ * d  # QK^T and AV per query per layer, over every key
     if model == "bert":
         return 6 * (layers * layer + head) + 3 * layers * attention
+    if model == "modernbert":  # every token through every layer (GLU FLOPs as BERT's), the head on the masked ones
+        return 6 * (layers * layer + MASKING * head) + 3 * layers * attention
     dropping, keep = range(0), 1.0
     if model == "sinebert_dropping":
         config = sinebert_config(size, token_dropping=True)
@@ -158,13 +203,14 @@ def training_flops_per_token(size: str, model: str) -> float:
 
 
 def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> dict:
-    """Median tokens/s of interleaved training steps (after `warmup` steps each) of sinebert, BERT, BERT without
-    dropout and BERT with eager attention. All use the fused AdamW step that sinebert's Trainer uses: the optimizer is
+    """Median tokens/s of interleaved training steps (after `warmup` steps each) of sinebert (and with token
+    dropping) and of every peer (PEERS). All use the fused AdamW step that sinebert's Trainer uses: the optimizer is
     not what is compared."""
     ours, theirs = models(size)
     contenders = {"sinebert": ours, "sinebert_dropping": models(size, token_dropping=True)[0], "bert": theirs,
                   "bert_no_dropout": models(size, bert_dropout=0.0)[1],
-                  "bert_eager": models(size, bert_attention="eager")[1]}
+                  "bert_eager": models(size, bert_attention="eager")[1],
+                  "modernbert": modernbert(size), "modernbert_eager": modernbert(size, attention="eager")}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for name, m in contenders.items()}
     generator = torch.Generator().manual_seed(0)
     batches = [masked_batch(generator) for _ in range(4)]
@@ -186,12 +232,9 @@ def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> 
     for name in times:
         seconds = statistics.median(times[name])
         result[f"{name}_tokens_per_second"] = BATCH * SEQ / seconds
-        flops = training_flops_per_token(size, "bert" if name.startswith("bert") else name) * BATCH * SEQ / seconds
+        flops = training_flops_per_token(size, name.split("_")[0] if name in PEERS else name) * BATCH * SEQ / seconds
         result[f"{name}_gflops"] = flops / 1e9
-    result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
-    result["speedup_dropping"] = result["sinebert_dropping_tokens_per_second"] / result["bert_tokens_per_second"]
-    result["speedup_no_dropout"] = result["sinebert_tokens_per_second"] / result["bert_no_dropout_tokens_per_second"]
-    result["speedup_eager"] = result["sinebert_tokens_per_second"] / result["bert_eager_tokens_per_second"]
+    against_fastest_peer(result, ("sinebert", "sinebert_dropping"))
     return result
 
 
@@ -235,7 +278,12 @@ def inference_throughput(precision: str, batches: list, repeats: int, compiled: 
     and the seconds of each one's first, compiling pass."""
     ours, theirs = (m.eval() for m in models("small", task="classification"))
     contenders = {"sinebert": ours, "bert": theirs,
-                  "bert_eager": models("small", task="classification", bert_attention="eager")[1].eval()}
+                  "bert_eager": models("small", task="classification", bert_attention="eager")[1].eval(),
+                  "modernbert": modernbert("small", "classification").eval(),
+                  "modernbert_eager": modernbert("small", "classification", "eager").eval()}
+    # ModernBERT takes no token_type_ids.
+    inputs = {name: [{k: v for k, v in b.items() if k != "token_type_ids"} for b in batches]
+              if name.startswith("modernbert") else batches for name in contenders}
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
     result = {"precision": precision, "real_tokens": tokens, "padded_tokens": padded, "compiled": compiled}
@@ -248,16 +296,15 @@ def inference_throughput(precision: str, batches: list, repeats: int, compiled: 
     with torch.no_grad(), autocast(precision), freezing:
         if compiled:
             contenders = {name: torch.compile(model, dynamic=True) for name, model in contenders.items()}
-            result["compile_seconds"] = {name: timed_pass(model, batches) for name, model in contenders.items()}
+            result["compile_seconds"] = {name: timed_pass(model, inputs[name]) for name, model in contenders.items()}
         for repeat in range(repeats + 1):
             for name, model in contenders.items():
-                seconds = timed_pass(model, batches)
+                seconds = timed_pass(model, inputs[name])
                 if repeat:
                     times[name].append(seconds)
     for name in times:
         result[f"{name}_tokens_per_second"] = tokens / statistics.median(times[name])
-    result["speedup"] = result["sinebert_tokens_per_second"] / result["bert_tokens_per_second"]
-    result["speedup_eager"] = result["sinebert_tokens_per_second"] / result["bert_eager_tokens_per_second"]
+    against_fastest_peer(result, ("sinebert",))
     return result
 
 
@@ -335,8 +382,7 @@ def rounding_times(repeats: int = 20) -> list[str]:
 def training_peak(model_name: str, size: str, precision: str, steps: int) -> float:
     """Peak memory (MiB) of `steps` training steps of one model, run in a fresh process: the process's peak RSS on
     a CPU, the CUDA allocator's peak on a GPU."""
-    ours, theirs = models(size)
-    model = {"sinebert": ours, "bert": theirs}[model_name]
+    model = modernbert(size) if model_name == "modernbert" else dict(zip(("sinebert", "bert"), models(size)))[model_name]
     optimizer = torch.optim.AdamW(model.parameters(), fused=True)
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
@@ -358,12 +404,13 @@ def peak_memory(model_name: str, size: str, precision: str, steps: int = 3) -> f
     return float(result.stdout.strip().splitlines()[-1])
 
 
-PRETRAINING_MODELS = ("bert", "sinebert", "sinebert_dropping")
+PRETRAINING_MODELS = ("bert", "modernbert", "sinebert", "sinebert_dropping")
+MEMORY_MODELS = ("bert", "modernbert", "sinebert")
 
 
 def accuracy_curves(steps: int, precision: str) -> dict:
     """Masked-token accuracy of each of PRETRAINING_MODELS every 25 steps at each size, trained on the same real batches
-    under `precision`."""
+    under `precision`, with the seconds each model's own training steps took until then (time to accuracy)."""
     from sinebert.training.mlm import MaskingCollator, pack_texts
     from sinebert.training.tokenizer import train_wordpiece
 
@@ -383,26 +430,43 @@ def accuracy_curves(steps: int, precision: str) -> dict:
     for size in SIZES:
         print(f"  {size} ...", flush=True)
         ours, theirs = models(size)
-        contenders = dict(zip(PRETRAINING_MODELS, (theirs, ours, models(size, token_dropping=True)[0])))
+        contenders = dict(zip(PRETRAINING_MODELS, (theirs, modernbert(size), ours, models(size, token_dropping=True)[0])))
         optimizers = {name: torch.optim.AdamW(m.parameters(), lr=5e-4, fused=True) for name, m in contenders.items()}
         curve = curves[size] = {"step": []} | {name: [] for name in contenders}
+        clock = {name: 0.0 for name in contenders}
+        curve["seconds"] = {name: [] for name in contenders}
         for step in range(steps + 1):
             if step % 25 == 0:
                 curve["step"].append(step)
                 for name, model in contenders.items():
                     curve[name].append(masked_accuracy(model, held_out, precision))
+                    curve["seconds"][name].append(clock[name])
             if step == steps:
                 break
             start = (step * BATCH) % (len(train) - BATCH)
             batch = batch_of(train[start : start + BATCH], start)
             for name, model in contenders.items():
                 model.train()
-                with autocast(precision):
-                    loss = model(**batch).loss
-                loss.backward()
-                optimizers[name].step()
-                optimizers[name].zero_grad(set_to_none=True)
+                clock[name] += seconds_of(lambda: train_step(model, optimizers[name], batch, precision))
     return curves
+
+
+def train_step(model, optimizer, batch: dict, precision: str):
+    with autocast(precision):
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def seconds_to_reach(curve: dict, name: str, accuracy: float) -> float | None:
+    """`name`'s training seconds at the first evaluation where it reached `accuracy`, interpolated linearly between
+    evaluations; None if it never did."""
+    points = list(zip(curve["seconds"][name], curve[name]))
+    for (t0, a0), (t1, a1) in zip(points, points[1:]):
+        if a1 >= accuracy:
+            return t1 if a1 == a0 else t0 + (t1 - t0) * max(0.0, accuracy - a0) / (a1 - a0)
+    return None
 
 
 def masked_accuracy(model, batch, precision: str) -> float:
@@ -413,10 +477,13 @@ def masked_accuracy(model, batch, precision: str) -> float:
     return float((logits[chosen].argmax(-1) == batch["labels"][chosen]).float().mean())
 
 
-LABELS = {"bert": "HF BERT (sdpa)", "sinebert": "sinebert", "sinebert_dropping": "sinebert, token dropping"}
+LABELS = {"bert": "HF BERT (sdpa)", "modernbert": "ModernBERT (sdpa)", "sinebert": "sinebert",
+          "sinebert_dropping": "sinebert, token dropping"}
 
 
 def plot(report: dict):
+    """speed.png: pretraining tokens/s per row, and per size held-out accuracy against each model's training
+    seconds (time to accuracy)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -426,18 +493,19 @@ def plot(report: dict):
     figure, axes = plt.subplots(1, 1 + len(curves), figsize=(5.5 * (1 + len(curves)), 4), squeeze=False)
     axes = axes[0]
     rows = report["training"]
-    x = range(len(rows))
-    for offset, name in zip((-0.27, 0, 0.27), PRETRAINING_MODELS):
-        axes[0].bar([i + offset for i in x], [r[f"{name}_tokens_per_second"] for r in rows], 0.27, label=LABELS[name])
+    x, width = range(len(rows)), 0.8 / len(PRETRAINING_MODELS)
+    for i, name in enumerate(PRETRAINING_MODELS):
+        offset = (i - (len(PRETRAINING_MODELS) - 1) / 2) * width
+        axes[0].bar([j + offset for j in x], [r[f"{name}_tokens_per_second"] for r in rows], width, label=LABELS[name])
     axes[0].set_xticks(list(x), [f"{r['size']}\n{r['precision']}" for r in rows])
     axes[0].set_ylabel("training tokens/s")
     axes[0].set_title("pretraining step, batch 32 x 128")
     axes[0].legend()
     for axis, (size, curve) in zip(axes[1:], curves.items()):
-        for name, style in zip(PRETRAINING_MODELS, ("o-", "s-", "^-")):
-            axis.plot(curve["step"], [100 * a for a in curve[name]], style, label=LABELS[name])
-        axis.set_title(f"{size}, {report['curves']['precision']}")
-        axis.set_xlabel("step (same batches)")
+        for name, style in zip(PRETRAINING_MODELS, ("o-", "d-", "s-", "^-")):
+            axis.plot(curve["seconds"][name], [100 * a for a in curve[name]], style, label=LABELS[name])
+        axis.set_title(f"{size}, {report['curves']['precision']}, the same batches")
+        axis.set_xlabel("training seconds")
         axis.set_ylabel("held-out masked-token accuracy (%)")
         axis.legend()
     figure.tight_layout()
@@ -445,50 +513,69 @@ def plot(report: dict):
 
 
 def curves_table(curves: dict) -> list[str]:
-    lines = [f"| held-out masked-token accuracy, % ({curves['precision']}) | step | "
-             + " | ".join(LABELS[name] for name in PRETRAINING_MODELS) + " |", "|---|---|---|---|---|"]
+    names = PRETRAINING_MODELS
+    lines = [f"| held-out masked-token accuracy, % ({curves['precision']}; training seconds) | step | "
+             + " | ".join(LABELS[name] for name in names) + " |", "|---|---|" + "---|" * len(names)]
     for size in (size for size in SIZES if size in curves):
-        for i, step in enumerate(curves[size]["step"]):
-            cells = " | ".join(f"{100 * curves[size][name][i]:.1f}" for name in PRETRAINING_MODELS)
+        curve = curves[size]
+        for i, step in enumerate(curve["step"]):
+            cells = " | ".join(f"{100 * curve[name][i]:.1f} ({curve['seconds'][name][i]:.0f} s)" for name in names)
             lines.append(f"| {size if i == 0 else ''} | {step} | {cells} |")
     return lines
 
 
+def time_to_accuracy_table(curves: dict) -> list[str]:
+    """Per size: the accuracy ModernBERT ends with, and the seconds each model needed to reach it."""
+    lines = ["| time to ModernBERT's final accuracy | accuracy % | " + " | ".join(
+             f"{LABELS[name]} s" for name in PRETRAINING_MODELS) + " | sinebert's time / ModernBERT's |",
+             "|---|---|" + "---|" * (len(PRETRAINING_MODELS) + 1)]
+    for size in (size for size in SIZES if size in curves):
+        curve = curves[size]
+        target = curve["modernbert"][-1]
+        reached = {name: seconds_to_reach(curve, name, target) for name in PRETRAINING_MODELS}
+        cells = " | ".join("not reached" if t is None else f"{t:.0f}" for t in reached.values())
+        ratio = reached["sinebert"] / reached["modernbert"] if reached["sinebert"] and reached["modernbert"] else None
+        lines.append(f"| {size} | {100 * target:.1f} | {cells} | {'-' if ratio is None else f'{ratio:.2f}'} |")
+    return lines
+
+
+def tokens(result: dict, name: str) -> str:
+    return f"{result[f'{name}_tokens_per_second']:,.0f}"
+
+
 def inference_table(rows: list[dict]) -> list[str]:
-    lines = ["| SST-2 dev inference | BERT tokens/s | sinebert tokens/s | speed-up | BERT eager tokens/s | "
-             "speed-up over it |", "|---|---|---|---|---|---|"]
+    lines = ["| SST-2 dev inference, tokens/s | BERT sdpa | BERT eager | ModernBERT sdpa | ModernBERT eager | sinebert | "
+             "vs the fastest peer |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         what = r["precision"] + (", compiled" if r.get("compiled") else "")
-        lines.append(f"| {what} | {r['bert_tokens_per_second']:,.0f} | {r['sinebert_tokens_per_second']:,.0f}"
-                     f" | {r['speedup']:.2f}x | {r['bert_eager_tokens_per_second']:,.0f} | {r['speedup_eager']:.2f}x |")
+        peers = " | ".join(tokens(r, name) for name in ("bert", "bert_eager", "modernbert", "modernbert_eager"))
+        lines.append(f"| {what} | {peers} | {tokens(r, 'sinebert')} | x{r['sinebert_vs_fastest_peer']:.2f} "
+                     f"({r['fastest_peer']}) |")
     return lines
 
 
 def markdown(report: dict) -> str:
-    lines = [f"sinebert vs Hugging Face BERT, {report['date']}, {report['machine']}; matmul peak "
+    lines = [f"sinebert vs transformers' BERT and ModernBERT, {report['date']}, {report['machine']}; matmul peak "
              f"{report['peak_gflops']['fp32']:.0f} GFLOP/s fp32, {report['peak_gflops']['bf16']:.0f} bf16 (autocast)"
              + (f", measured {report['peak_date']}." if report.get("peak_date") else "."), "",
-             "| pretraining step | BERT tokens/s | sinebert tokens/s | speed-up | share of peak | "
-             "with token dropping tokens/s | speed-up | share of peak | "
-             "BERT without dropout tokens/s | speed-up over it | BERT eager tokens/s | speed-up over it |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| pretraining step, tokens/s | BERT sdpa | BERT without dropout | BERT eager | ModernBERT sdpa | "
+             "ModernBERT eager | sinebert | vs the fastest peer | share of peak | sinebert, token dropping | "
+             "vs the fastest peer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["training"]:
         peak = report["peak_gflops"][r["precision"]]
-        lines.append(f"| {r['size']} {r['precision']} | {r['bert_tokens_per_second']:,.0f} | "
-                     f"{r['sinebert_tokens_per_second']:,.0f} | {r['speedup']:.2f}x | "
-                     f"{r['sinebert_gflops'] / peak:.0%} | "
-                     f"{r['sinebert_dropping_tokens_per_second']:,.0f} | {r['speedup_dropping']:.2f}x | "
-                     f"{r['sinebert_dropping_gflops'] / peak:.0%} | "
-                     f"{r['bert_no_dropout_tokens_per_second']:,.0f} | {r['speedup_no_dropout']:.2f}x | "
-                     f"{r['bert_eager_tokens_per_second']:,.0f} | {r['speedup_eager']:.2f}x |")
+        peers = " | ".join(tokens(r, name) for name in PEERS)
+        lines.append(f"| {r['size']} {r['precision']} | {peers} | {tokens(r, 'sinebert')} | "
+                     f"x{r['sinebert_vs_fastest_peer']:.2f} ({r['fastest_peer']}) | {r['sinebert_gflops'] / peak:.0%} | "
+                     f"{tokens(r, 'sinebert_dropping')} | x{r['sinebert_dropping_vs_fastest_peer']:.2f} |")
     lines += [""] + inference_table(report["inference"])
     if report.get("curves"):
-        lines += [""] + curves_table(report["curves"])
+        lines += [""] + time_to_accuracy_table(report["curves"]) + [""] + curves_table(report["curves"])
     if report.get("memory"):
         measured = f" (measured {report['memory_date']})" if report.get("memory_date") else ""
-        lines += ["", f"| peak RSS of training steps{measured} | BERT MiB | sinebert MiB |", "|---|---|---|"]
+        lines += ["", f"| peak RSS of training steps{measured} | " + " | ".join(
+                  f"{LABELS[name]} MiB" for name in MEMORY_MODELS) + " |", "|---|---|---|---|"]
         for key, values in report["memory"].items():
-            lines.append(f"| {key} | {values['bert']:,.0f} | {values['sinebert']:,.0f} |")
+            lines.append(f"| {key} | " + " | ".join(f"{values[name]:,.0f}" for name in MEMORY_MODELS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -559,7 +646,7 @@ def inference_rows(quick: bool, native: bool, compiled: bool = False) -> list[di
 
 def memory_rows(cells: list[tuple[str, str]], native: bool) -> dict:
     print("peak memory (a fresh process per cell) ...", flush=True)
-    return {f"{size} {p}": {m: peak_memory(m, size, p, 3 if p == "fp32" or native else 1) for m in ("bert", "sinebert")}
+    return {f"{size} {p}": {m: peak_memory(m, size, p, 3 if p == "fp32" or native else 1) for m in MEMORY_MODELS}
             for size, p in cells}
 
 
