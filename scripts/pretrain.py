@@ -1,4 +1,4 @@
-"""Pretrain sinebert with masked language modelling.
+"""Pretrain sinebert with masked language modelling, or with replaced-token detection (`--objective rtd`, ELECTRA).
 
     accelerate launch scripts/pretrain.py --train_file corpus/*.txt --tokenizer_name runs/tokenizer \
         --output_dir runs/pretrain --max_seq_length 128 --per_device_train_batch_size 32 --max_train_steps 2000
@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForMaskedLM
+from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 import sinebert  # noqa: F401  (registers the Auto classes)
 from sinebert.training.arguments import (
@@ -38,6 +38,8 @@ from sinebert.training.mlm import (
 )
 from sinebert.training.models import add_size_arguments, load_pretrained, load_tokenizer
 from sinebert.training.reporting import write_model_card
+from sinebert.training.rtd import DISCRIMINATOR_WEIGHT, GENERATOR_FRACTION, ReplacedTokenDetection, discriminator_of
+from sinebert.training.sharding import fsdp_requested
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,6 +61,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--short_seq_probability", type=float, default=0.9,
                        help="With --short_seq_length: the share of steps that use the short blocks.")
     group.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens to mask.")
+    group.add_argument(
+        "--objective", choices=("mlm", "rtd"), default="mlm",
+        help="mlm: masked language modelling; rtd: replaced-token detection (ELECTRA): a small generator fills the "
+             "masked positions and the model learns at every token whether it was replaced. The saved model is the "
+             "discriminator (SineBertForPreTraining), which every Auto head loads.",
+    )
+    group.add_argument("--generator_fraction", type=float, default=GENERATOR_FRACTION,
+                       help=f"With --objective rtd: the generator's width as a share of the model's "
+                            f"(default {GENERATOR_FRACTION}).")
+    group.add_argument("--discriminator_weight", type=float, default=DISCRIMINATOR_WEIGHT,
+                       help=f"With --objective rtd: the weight of the detection loss against the generator's "
+                            f"masked-LM loss (default {DISCRIMINATOR_WEIGHT:g}, ELECTRA's).")
     group.add_argument(
         "--token_dropping_layers", type=int, nargs=2, metavar=("FIRST", "STOP"),
         help="Token dropping (SineBertConfig): layers FIRST to STOP - 1 compute only the masked tokens and a share of "
@@ -114,6 +128,22 @@ def load_blocks(args, accelerator, tokenizer):
     return blocks["train"], blocks["validation"]
 
 
+def build_model(args, tokenizer):
+    """The masked-LM model (its head predicting only the masked tokens), or for --objective rtd the discriminator
+    with its generator."""
+    if args.objective == "mlm":
+        return load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
+    if args.token_dropping_layers is not None:
+        raise UserError("--token_dropping_layers does not apply to --objective rtd: the discriminator learns from "
+                        "every token, so no layer may drop any; leave it out, or use --objective mlm.")
+    if fsdp_requested():
+        raise UserError("--objective rtd does not run under FSDP yet (the generator shares the discriminator's word "
+                        "embeddings across FSDP units); launch it with a data-parallel config.")
+    discriminator = load_pretrained(AutoModelForPreTraining, args, tokenizer)
+    return ReplacedTokenDetection(discriminator, args.generator_fraction, args.discriminator_weight,
+                                  args.mlm_probability)
+
+
 def _materialise(iterable):
     from datasets import Dataset
 
@@ -125,7 +155,7 @@ def main(argv=None):
     accelerator = setup_accelerator(args)
     tokenizer = load_tokenizer(args)
     reshape = mixed_lengths(args, tokenizer.pad_token_id)
-    model = load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
+    model = build_model(args, tokenizer)
     if args.token_dropping_keep is not None and model.config.token_dropping_layers is None:
         raise UserError(
             f"--token_dropping_keep {args.token_dropping_keep} needs --token_dropping_layers (or a checkpoint that "
@@ -145,14 +175,15 @@ def main(argv=None):
     check_step_memory(model.config, rows, longest, f"--max_seq_length {args.max_seq_length} with "
                       f"--per_device_train_batch_size {args.per_device_train_batch_size}", accelerator.device)
 
-    collator = MaskingCollator(tokenizer, args.mlm_probability, seed=args.seed)
+    rtd = args.objective == "rtd"
+    collator = MaskingCollator(tokenizer, args.mlm_probability, seed=args.seed, sample_noise=rtd)
     train_dataloader = torch.utils.data.DataLoader(
         train_blocks, batch_size=args.per_device_train_batch_size, shuffle=not args.streaming, collate_fn=collator,
         generator=torch.Generator().manual_seed(args.seed),
     )
     eval_dataloader = accelerator.prepare(torch.utils.data.DataLoader(
         validation_blocks, batch_size=args.per_device_eval_batch_size or args.per_device_train_batch_size,
-        collate_fn=MaskingCollator(tokenizer, args.mlm_probability, seed=args.seed, epoch=None),
+        collate_fn=MaskingCollator(tokenizer, args.mlm_probability, seed=args.seed, epoch=None, sample_noise=rtd),
     ))
     task = Task(
         count=masked_token_count,
@@ -164,16 +195,19 @@ def main(argv=None):
     )
     trainer = Trainer(args, accelerator, model, train_dataloader, task, streaming=args.streaming, evaluate_first=True)
     results = trainer.fit()
-    trainer.plot("sinebert masked-language-model pretraining")
-    model = trainer.unwrapped_model()
+    objective = "replaced-token detection" if rtd else "masked-language-model"
+    trainer.plot(f"sinebert {objective} pretraining")
+    model = discriminator_of(trainer.unwrapped_model())
     save_final(accelerator, model, tokenizer, args.output_dir, results)
     if accelerator.is_main_process:
         write_model_card(
             Path(args.output_dir), args,
-            title="sinebert (masked-language-model pretrained)",
-            summary="A sinebert encoder pretrained with masked language modelling by `scripts/pretrain.py`.",
-            pipeline_tag="fill-mask",
-            call=f'pipe("the capital of france is {tokenizer.mask_token} .")',
+            title=f"sinebert ({objective} pretrained)",
+            summary=f"A sinebert encoder pretrained with {objective} by `scripts/pretrain.py`"
+                    + (" (ELECTRA's discriminator; fine-tune it with any Auto head)." if rtd else "."),
+            pipeline_tag="feature-extraction" if rtd else "fill-mask",
+            call='pipe("the capital of france is paris .")' if rtd
+            else f'pipe("the capital of france is {tokenizer.mask_token} .")',
             results=results,
             details={
                 "data": args.dataset_name or ", ".join(Path(f).name for f in args.train_file or []),
@@ -184,6 +218,8 @@ def main(argv=None):
                          f"{accelerator.num_processes} processes x {args.gradient_accumulation_steps} accumulation",
                 "word embeddings": Path(args.init_word_embeddings or args.model_name_or_path or "random").name,
                 "sequence length": args.max_seq_length,
+                "objective": objective + (f" (generator {args.generator_fraction:g} of the width, detection loss "
+                                          f"weight {args.discriminator_weight:g})" if rtd else ""),
                 "masking": f"{args.mlm_probability:.0%} of tokens (80% [MASK], 10% random, 10% unchanged)",
                 "learning rate": f"{args.learning_rate} ({args.lr_scheduler_type} schedule)",
                 "mixed precision": accelerator.mixed_precision,

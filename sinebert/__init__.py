@@ -8,6 +8,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForMaskedLM,
+    AutoModelForPreTraining,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -18,6 +19,7 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from .configuration_sinebert import SineBertConfig
 from .modeling_sinebert import (
     SineBertForMaskedLM,
+    SineBertForPreTraining,
     SineBertForQuestionAnswering,
     SineBertForSequenceClassification,
     SineBertForTokenClassification,
@@ -33,6 +35,7 @@ AutoConfig.register("sinebert", SineBertConfig, exist_ok=True)
 for _auto, _model in (
     (AutoModel, SineBertModel),
     (AutoModelForMaskedLM, SineBertForMaskedLM),
+    (AutoModelForPreTraining, SineBertForPreTraining),
     (AutoModelForSequenceClassification, SineBertForSequenceClassification),
     (AutoModelForTokenClassification, SineBertForTokenClassification),
     (AutoModelForQuestionAnswering, SineBertForQuestionAnswering),
@@ -52,6 +55,7 @@ __all__ = [
     "ExtractiveQuestionAnsweringPipeline",
     "SineBertConfig",
     "SineBertForMaskedLM",
+    "SineBertForPreTraining",
     "SineBertForQuestionAnswering",
     "SineBertForSequenceClassification",
     "SineBertForTokenClassification",

@@ -12,6 +12,7 @@ SINEBERT_AUTO_MAP = {
     "AutoConfig": "configuration_sinebert.SineBertConfig",
     "AutoModel": "modeling_sinebert.SineBertModel",
     "AutoModelForMaskedLM": "modeling_sinebert.SineBertForMaskedLM",
+    "AutoModelForPreTraining": "modeling_sinebert.SineBertForPreTraining",
     "AutoModelForSequenceClassification": "modeling_sinebert.SineBertForSequenceClassification",
     "AutoModelForTokenClassification": "modeling_sinebert.SineBertForTokenClassification",
     "AutoModelForQuestionAnswering": "modeling_sinebert.SineBertForQuestionAnswering",

@@ -9,6 +9,7 @@ import only torch, transformers and each other.
 
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.utils import ModelOutput
 from transformers.utils.generic import can_return_tuple
 
 from .attention_sinebert import (
@@ -568,6 +570,71 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
         )
 
 
+@dataclass
+class SineBertForPreTrainingOutput(ModelOutput):
+    """loss: mean binary cross-entropy over the labelled tokens; logits `(batch, seq)`: per token, the logit that it
+    was replaced (ELECTRA's discriminator)."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class SineBertDiscriminatorHead(nn.Module):
+    """dense -> activation -> one logit per token."""
+
+    def __init__(self, config: SineBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dense_prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (batch, seq)
+
+
+class SineBertForPreTraining(SineBertPreTrainedModel):
+    """The replaced-token-detection discriminator (ELECTRA, Clark et al., 2020): for every token, whether a generator
+    replaced it. Its encoder is the one every other head loads."""
+
+    def __init__(self, config: SineBertConfig):
+        super().__init__(config)
+        self.sinebert = SineBertModel(config)
+        self.discriminator_head = SineBertDiscriminatorHead(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        case_ids: torch.LongTensor | None = None,
+    ) -> SineBertForPreTrainingOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch, seq)`): 1 where the token was replaced, 0 where it is the
+            original, -100 where it counts for nothing (padding).
+        """
+        outputs = self.sinebert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, case_ids=case_ids,
+        )
+        logits = self.discriminator_head(outputs.last_hidden_state)  # (batch, seq)
+        loss = None
+        if labels is not None:
+            counted = labels != -100
+            loss = F.binary_cross_entropy_with_logits(logits[counted].float(), labels[counted].float())
+        return SineBertForPreTrainingOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
 class SineBertForSequenceClassification(SineBertPreTrainedModel):
     """Pools the sequence (`config.classifier_pooling`), then dense + tanh, dropout and a linear classifier."""
 
@@ -758,6 +825,7 @@ class SineBertForQuestionAnswering(SineBertPreTrainedModel):
 for _cls, _auto in (
     (SineBertModel, "AutoModel"),
     (SineBertForMaskedLM, "AutoModelForMaskedLM"),
+    (SineBertForPreTraining, "AutoModelForPreTraining"),
     (SineBertForSequenceClassification, "AutoModelForSequenceClassification"),
     (SineBertForTokenClassification, "AutoModelForTokenClassification"),
     (SineBertForQuestionAnswering, "AutoModelForQuestionAnswering"),
@@ -768,6 +836,7 @@ __all__ = [
     "SineBertPreTrainedModel",
     "SineBertModel",
     "SineBertForMaskedLM",
+    "SineBertForPreTraining",
     "SineBertForSequenceClassification",
     "SineBertForTokenClassification",
     "SineBertForQuestionAnswering",

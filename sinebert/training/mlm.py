@@ -74,14 +74,17 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
 
 class MaskingCollator:
     """Pads blocks and masks them for MLM (Devlin et al., 2019): each non-special token is chosen with probability
-    `mlm_probability`; chosen tokens become [MASK] 80% of the time, a random token 10%, unchanged 10%.
+    `mlm_probability`; chosen tokens become [MASK] 80% of the time, a random token 10%, unchanged 10%. With
+    `sample_noise`, each position also gets a uniform number (`sample_noise`, `(batch, seq)`) from which
+    replaced-token detection's generator samples its token there.
 
     Masks are a function of (seed, epoch, example_id): the same example gets the same mask wherever and whenever
     it is drawn (any number of processes, a resumed run), and new masks each epoch. `epoch=None` fixes the masks
     for evaluation.
     """
 
-    def __init__(self, tokenizer, mlm_probability: float = 0.15, seed: int = 0, epoch: int | None = 0):
+    def __init__(self, tokenizer, mlm_probability: float = 0.15, seed: int = 0, epoch: int | None = 0,
+                 sample_noise: bool = False):
         if not 0 < mlm_probability < 1:
             raise UserError(f"--mlm_probability must be in (0, 1), got {mlm_probability}.")
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
@@ -89,7 +92,7 @@ class MaskingCollator:
         self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
         self.vocab_size = len(tokenizer)
         self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)))
-        self.mlm_probability, self.seed, self.epoch = mlm_probability, seed, epoch
+        self.mlm_probability, self.seed, self.epoch, self.sample_noise = mlm_probability, seed, epoch, sample_noise
 
     def set_epoch(self, epoch: int):
         if self.epoch is not None:
@@ -100,6 +103,7 @@ class MaskingCollator:
         input_ids = torch.full((len(examples), length), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
         labels = torch.full((len(examples), length), -100, dtype=torch.long)
+        noise = torch.zeros((len(examples), length))
         epoch = -1 if self.epoch is None else self.epoch
         for row, example in enumerate(examples):
             ids = torch.tensor(example["input_ids"], dtype=torch.long)
@@ -114,7 +118,10 @@ class MaskingCollator:
             ids = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, ids)
             input_ids[row, : len(ids)] = ids
             attention_mask[row, : len(ids)] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+            if self.sample_noise:  # drawn after the masks, which stay those of plain MLM
+                noise[row, : len(ids)] = torch.rand(len(ids), generator=generator)
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        return batch | ({"sample_noise": noise} if self.sample_noise else {})
 
 
 def cut_blocks(batch: dict, length: int, pad_token_id: int) -> dict:
@@ -122,8 +129,9 @@ def cut_blocks(batch: dict, length: int, pad_token_id: int) -> dict:
     and shorter rows. (B, L) -> (B * ceil(L / length), length); the last piece of a row is padded, and rows left
     with no real token are dropped. Each piece gets positions 0..length-1 of its own."""
     pad = -batch["input_ids"].shape[1] % length
-    fill = {"input_ids": pad_token_id, "attention_mask": 0, "labels": -100}
-    cut = {key: F.pad(batch[key], (0, pad), value=value).reshape(-1, length) for key, value in fill.items()}
+    fill = {"input_ids": pad_token_id, "attention_mask": 0, "labels": -100, "sample_noise": 0.0}
+    cut = {key: F.pad(batch[key], (0, pad), value=value).reshape(-1, length) for key, value in fill.items()
+           if key in batch}
     real = cut["attention_mask"].any(dim=1)
     return {key: value[real] for key, value in cut.items()}
 
@@ -171,12 +179,16 @@ def masked_token_count(batch: dict) -> int:
 
 
 def evaluate_mlm(model, dataloader, accelerator) -> dict:
-    """Validation loss (mean over masked tokens), perplexity and masked-token accuracy, exact across processes."""
-    totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, correct, count
+    """Validation loss (mean over masked tokens), perplexity and masked-token accuracy, exact across processes. For
+    replaced-token detection these are the generator's, beside the discriminator's loss and accuracy over every token
+    (`eval_detection_loss`, `eval_detection_accuracy`) and the share of tokens the generator replaced."""
+    # Per example: loss sum, correct, masked count; detection loss sum, correct, tokens, replaced.
+    totals = torch.zeros(7, dtype=torch.float64, device=accelerator.device)
+    detection = False
     for batch in dataloader:
         with accelerator.autocast():
-            logits = model(**batch).logits
-        labels = batch["labels"]
+            output = model(**batch)
+        logits, labels = output.logits, batch["labels"]
         predicted = labels != -100
         if logits.dim() == 3:  # dense logits: keep the masked positions, as sparse prediction returns them
             logits = logits[predicted]
@@ -184,17 +196,31 @@ def evaluate_mlm(model, dataloader, accelerator) -> dict:
         token_loss = F.cross_entropy(logits.float(), targets, reduction="none")
         correct = (logits.argmax(-1) == targets).double()
         rows = predicted.nonzero()[:, 0]  # example of each masked token, for per-example sums
-        per_example = torch.zeros(labels.shape[0], 3, dtype=torch.float64, device=labels.device)
+        per_example = torch.zeros(labels.shape[0], 7, dtype=torch.float64, device=labels.device)
         per_example[:, 0].index_add_(0, rows, token_loss.double())
         per_example[:, 1].index_add_(0, rows, correct)
         per_example[:, 2].index_add_(0, rows, torch.ones_like(correct))
+        replaced = getattr(output, "replaced", None)
+        if replaced is not None:
+            detection, counted = True, replaced != -100
+            judged = output.discriminator_logits.float()
+            loss = F.binary_cross_entropy_with_logits(judged, replaced.clamp_min(0).float(), reduction="none")
+            per_example[:, 3] = (loss * counted).sum(1).double()
+            per_example[:, 4] = (((judged > 0).long() == replaced) & counted).sum(1).double()
+            per_example[:, 5] = counted.sum(1).double()
+            per_example[:, 6] = (replaced == 1).sum(1).double()
         # gather_for_metrics drops the examples accelerate repeats to even out the last batch across processes
         totals += accelerator.gather_for_metrics(per_example).sum(0)
-    loss_sum, correct, count = totals.tolist()
+    loss_sum, correct, count, detection_sum, detected, tokens, replaced_count = totals.tolist()
     loss = loss_sum / max(count, 1.0)
-    return {
+    metrics = {
         "eval_loss": loss,
         "perplexity": float(torch.tensor(loss).exp()),
         "eval_accuracy": correct / max(count, 1.0),
         "eval_masked_tokens": int(count),
     }
+    if detection:
+        metrics |= {"eval_detection_loss": detection_sum / max(tokens, 1.0),
+                    "eval_detection_accuracy": detected / max(tokens, 1.0),
+                    "eval_replaced_share": replaced_count / max(tokens, 1.0)}
+    return metrics

@@ -96,7 +96,8 @@ def write_json(path: Path, values: dict):
 
 
 # The hub's task names for each pipeline tag, as model-index entries spell them.
-TASK_NAMES = {"fill-mask": "Masked Language Modeling", "text-classification": "Text Classification",
+TASK_NAMES = {"fill-mask": "Masked Language Modeling", "feature-extraction": "Feature Extraction",
+              "text-classification": "Text Classification",
               "token-classification": "Token Classification", "question-answering": "Question Answering"}
 
 
