@@ -459,13 +459,13 @@ def train_step(model, optimizer, batch: dict, precision: str):
     optimizer.zero_grad(set_to_none=True)
 
 
-def seconds_to_reach(curve: dict, name: str, accuracy: float) -> float | None:
-    """`name`'s training seconds at the first evaluation where it reached `accuracy`, interpolated linearly between
-    evaluations; None if it never did."""
+def accuracy_at(curve: dict, name: str, seconds: float) -> float | None:
+    """`name`'s held-out accuracy after `seconds` of its own training, interpolated linearly between evaluations;
+    None past its last evaluation."""
     points = list(zip(curve["seconds"][name], curve[name]))
     for (t0, a0), (t1, a1) in zip(points, points[1:]):
-        if a1 >= accuracy:
-            return t1 if a1 == a0 else t0 + (t1 - t0) * max(0.0, accuracy - a0) / (a1 - a0)
+        if t0 <= seconds <= t1:
+            return a0 + (a1 - a0) * (seconds - t0) / max(t1 - t0, 1e-9)
     return None
 
 
@@ -524,18 +524,17 @@ def curves_table(curves: dict) -> list[str]:
     return lines
 
 
-def time_to_accuracy_table(curves: dict) -> list[str]:
-    """Per size: the accuracy ModernBERT ends with, and the seconds each model needed to reach it."""
-    lines = ["| time to ModernBERT's final accuracy | accuracy % | " + " | ".join(
-             f"{LABELS[name]} s" for name in PRETRAINING_MODELS) + " | sinebert's time / ModernBERT's |",
-             "|---|---|" + "---|" * (len(PRETRAINING_MODELS) + 1)]
+def equal_time_table(curves: dict) -> list[str]:
+    """Per size: every model's held-out accuracy after as many seconds of its own training as sinebert's whole
+    curve took (time to accuracy at an equal budget)."""
+    lines = ["| held-out accuracy % after sinebert's training time | seconds | " + " | ".join(
+             LABELS[name] for name in PRETRAINING_MODELS) + " |", "|---|---|" + "---|" * len(PRETRAINING_MODELS)]
     for size in (size for size in SIZES if size in curves):
         curve = curves[size]
-        target = curve["modernbert"][-1]
-        reached = {name: seconds_to_reach(curve, name, target) for name in PRETRAINING_MODELS}
-        cells = " | ".join("not reached" if t is None else f"{t:.0f}" for t in reached.values())
-        ratio = reached["sinebert"] / reached["modernbert"] if reached["sinebert"] and reached["modernbert"] else None
-        lines.append(f"| {size} | {100 * target:.1f} | {cells} | {'-' if ratio is None else f'{ratio:.2f}'} |")
+        budget = curve["seconds"]["sinebert"][-1]
+        reached = [accuracy_at(curve, name, budget) for name in PRETRAINING_MODELS]
+        cells = " | ".join("-" if a is None else f"{100 * a:.1f}" for a in reached)
+        lines.append(f"| {size} | {budget:.0f} | {cells} |")
     return lines
 
 
@@ -569,7 +568,7 @@ def markdown(report: dict) -> str:
                      f"{tokens(r, 'sinebert_dropping')} | x{r['sinebert_dropping_vs_fastest_peer']:.2f} |")
     lines += [""] + inference_table(report["inference"])
     if report.get("curves"):
-        lines += [""] + time_to_accuracy_table(report["curves"]) + [""] + curves_table(report["curves"])
+        lines += [""] + equal_time_table(report["curves"]) + [""] + curves_table(report["curves"])
     if report.get("memory"):
         measured = f" (measured {report['memory_date']})" if report.get("memory_date") else ""
         lines += ["", f"| peak RSS of training steps{measured} | " + " | ".join(
