@@ -679,8 +679,8 @@ class Trainer:
         state = full_state_dict(self.accelerator, self.model) if sharded else None  # every process gathers
         if self.accelerator.is_main_process:
             partial = self.best_weights.with_suffix(".partial")
-            if sharded:
-                safetensors.torch.save_file(state, str(partial))
+            if sharded:  # copies: safetensors writes no two names of one tensor, as tied weights are
+                safetensors.torch.save_file({name: tensor.clone() for name, tensor in state.items()}, str(partial))
             else:
                 safetensors.torch.save_model(self.unwrapped_model(), str(partial))
             os.replace(partial, self.best_weights)

@@ -59,11 +59,9 @@ def is_sharded(accelerator: Accelerator) -> bool:
 
 
 def full_state_dict(accelerator: Accelerator, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's weights on the CPU: in the main process under FSDP (every process must call it: the shards
-    are gathered), in every process otherwise. Tied weights come back as separate copies, so that safetensors can
-    write them."""
-    state = accelerator.get_state_dict(model, unwrap=True)
-    return {name: tensor.detach().cpu().clone() for name, tensor in state.items()}
+    """The whole sharded model's weights on the CPU, in the main process (empty elsewhere); every process must call
+    it, as the shards are gathered."""
+    return accelerator.get_state_dict(model, unwrap=True)
 
 
 def unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
