@@ -217,17 +217,9 @@ def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> 
     times = {name: [] for name in contenders}
     for step in range(steps + warmup):
         for name, model in contenders.items():
-            batch = batches[step % len(batches)]
-            synchronize()
-            start = time.perf_counter()
-            with autocast(precision):
-                loss = model(**batch).loss
-            loss.backward()
-            optimizers[name].step()
-            optimizers[name].zero_grad(set_to_none=True)
-            synchronize()
+            seconds = seconds_of(lambda: train_step(model, optimizers[name], batches[step % len(batches)], precision))
             if step >= warmup:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(seconds)
     result = {"size": size, "precision": precision}
     for name in times:
         seconds = statistics.median(times[name])
@@ -386,11 +378,7 @@ def training_peak(model_name: str, size: str, precision: str, steps: int) -> flo
     optimizer = torch.optim.AdamW(model.parameters(), fused=True)
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        with autocast(precision):
-            loss = model(**masked_batch(generator)).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, masked_batch(generator), precision)
     if DEVICE.type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20
     return peak_rss_mib()
@@ -452,6 +440,7 @@ def accuracy_curves(steps: int, precision: str) -> dict:
 
 
 def train_step(model, optimizer, batch: dict, precision: str):
+    """One optimizer step of `model` on `batch` under `precision`."""
     with autocast(precision):
         loss = model(**batch).loss
     loss.backward()
