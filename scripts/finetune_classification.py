@@ -23,13 +23,20 @@ from sinebert.training.classification import (
     model_card,
 )
 from sinebert.training.errors import run_cli
-from sinebert.training.finetune import PaddingCollator, finetune_parser, finish, load_model, make_dataloaders
+from sinebert.training.finetune import (
+    PaddingCollator,
+    finetune_parser,
+    finish,
+    fit_schedule,
+    load_model,
+    make_dataloaders,
+)
 from sinebert.training.loop import Trainer, setup_accelerator, shutdown
 from sinebert.training.models import load_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = finetune_parser(__doc__, script="glue", max_length=128, batch_size=32, epochs=3)
+    parser = finetune_parser(__doc__, script="glue", max_length=128, batch_size=32)
     group = parser.add_argument_group("classification")
     group.add_argument("--task_name", choices=sorted(GLUE_TASKS), help="A GLUE task, loaded from the hub.")
     group.add_argument("--text_column_name", help="Column of the (first) text (default: found by its usual name).")
@@ -57,6 +64,7 @@ def main(argv=None):
     data = load_classification_data(args, tokenizer, print_fn=accelerator.print)
     pooling = {"classifier_pooling": args.classifier_pooling} if args.classifier_pooling else {}
     model = load_model(AutoModelForSequenceClassification, args, tokenizer, **data.labels.config_values(), **pooling)
+    fit_schedule(args, accelerator, len(data.train_rows))
     train_dataloader, eval_dataloader = make_dataloaders(
         args, accelerator, model.config, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)
     )

@@ -15,14 +15,21 @@ from transformers import AutoModelForTokenClassification
 import sinebert  # noqa: F401  (registers the Auto classes)
 from sinebert.training.arguments import parse_with_config_file
 from sinebert.training.errors import run_cli
-from sinebert.training.finetune import PaddingCollator, finetune_parser, finish, load_model, make_dataloaders
+from sinebert.training.finetune import (
+    PaddingCollator,
+    finetune_parser,
+    finish,
+    fit_schedule,
+    load_model,
+    make_dataloaders,
+)
 from sinebert.training.loop import Trainer, setup_accelerator, shutdown
 from sinebert.training.models import load_tokenizer
 from sinebert.training.ner import SCHEMES, NerEvaluation, labelled_token_count, load_ner_data, model_card
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = finetune_parser(__doc__, script="ner", max_length=128, batch_size=32, epochs=3)
+    parser = finetune_parser(__doc__, script="ner", max_length=128, batch_size=32)
     group = parser.add_argument_group("named-entity recognition")
     group.add_argument("--text_column_name", help="json / hub data: the column of token lists (default: 'tokens').")
     group.add_argument("--label_column_name", help="json / hub data: the column of tag lists (default: 'ner_tags').")
@@ -50,6 +57,7 @@ def main(argv=None):
         AutoModelForTokenClassification, args, tokenizer, num_labels=len(data.names),
         id2label=dict(enumerate(data.names)), label2id={name: i for i, name in enumerate(data.names)},
     )
+    fit_schedule(args, accelerator, len(data.train_rows))
     train_dataloader, eval_dataloader = make_dataloaders(
         args, accelerator, model.config, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id, token_labels=True)
     )

@@ -18,14 +18,21 @@ from transformers import AutoModelForQuestionAnswering
 import sinebert  # noqa: F401  (registers the Auto classes and the QA pipeline)
 from sinebert.training.arguments import parse_with_config_file
 from sinebert.training.errors import run_cli
-from sinebert.training.finetune import PaddingCollator, finetune_parser, finish, load_model, make_dataloaders
+from sinebert.training.finetune import (
+    PaddingCollator,
+    finetune_parser,
+    finish,
+    fit_schedule,
+    load_model,
+    make_dataloaders,
+)
 from sinebert.training.loop import Trainer, setup_accelerator, shutdown
 from sinebert.training.models import load_tokenizer
 from sinebert.training.qa import QAEvaluation, load_qa_data, model_card, pipeline_settings, window_count
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = finetune_parser(__doc__, script="qa", max_length=384, batch_size=16, epochs=2)
+    parser = finetune_parser(__doc__, script="qa", max_length=384, batch_size=16)
     group = parser.add_argument_group("question answering")
     group.add_argument("--doc_stride", type=int, default=128, help="Tokens shared by consecutive context windows.")
     group.add_argument("--max_answer_length", type=int, default=30, help="Longest answer, in tokens.")
@@ -56,6 +63,7 @@ def main(argv=None):
     data = load_qa_data(args, tokenizer)
     model = load_model(AutoModelForQuestionAnswering, args, tokenizer)
     model.config.task_specific_params = {"question-answering": pipeline_settings(args)}
+    fit_schedule(args, accelerator, len(data.train_rows))
     train_dataloader, eval_dataloader = make_dataloaders(
         args, accelerator, model.config, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)
     )

@@ -24,7 +24,7 @@ from sinebert.training.arguments import (
 )
 from sinebert.training.data import hold_out_validation, load_splits, pick_column
 from sinebert.training.embeddings import init_word_embeddings
-from sinebert.training.errors import UserError, run_cli
+from sinebert.training.errors import SharedUserError, run_cli
 from sinebert.training.hub import add_hub_arguments, push_folder
 from sinebert.training.loop import Task, Trainer, check_step_memory, save_final, setup_accelerator, shutdown
 from sinebert.training.mlm import (
@@ -134,11 +134,11 @@ def build_model(args, tokenizer):
     if args.objective == "mlm":
         return load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
     if args.token_dropping_layers is not None:
-        raise UserError("--token_dropping_layers does not apply to --objective rtd: the discriminator learns from "
-                        "every token, so no layer may drop any; leave it out, or use --objective mlm.")
+        raise SharedUserError("--token_dropping_layers does not apply to --objective rtd: the discriminator learns "
+                              "from every token, so no layer may drop any; leave it out, or use --objective mlm.")
     if fsdp_requested():
-        raise UserError("--objective rtd does not run under FSDP yet (the generator shares the discriminator's word "
-                        "embeddings across FSDP units); launch it with a data-parallel config.")
+        raise SharedUserError("--objective rtd does not run under FSDP yet (the generator shares the discriminator's "
+                              "word embeddings across FSDP units); launch it with a data-parallel config.")
     discriminator = load_pretrained(AutoModelForPreTraining, args, tokenizer)
     return ReplacedTokenDetection(discriminator, args.generator_fraction, args.discriminator_weight,
                                   args.mlm_probability)
@@ -157,12 +157,12 @@ def main(argv=None):
     reshape = mixed_lengths(args, tokenizer.pad_token_id)
     model = build_model(args, tokenizer)
     if args.token_dropping_keep is not None and model.config.token_dropping_layers is None:
-        raise UserError(
+        raise SharedUserError(
             f"--token_dropping_keep {args.token_dropping_keep} needs --token_dropping_layers (or a checkpoint that "
             "has them), the layers that compute only that share of the tokens."
         )
     if model.config.letter_case:
-        raise UserError(
+        raise SharedUserError(
             "Pretraining cannot give the model letter case: it packs token ids without the text that case_ids come "
             "from. Pass --no_letter_case (a checkpoint's case vectors are dropped) and turn it on when fine-tuning."
         )

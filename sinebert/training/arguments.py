@@ -139,14 +139,18 @@ def add_model_arguments(parser: argparse.ArgumentParser):
     )
 
 
-def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: float, batch_size: int, epochs: float):
+def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: float | None, batch_size: int,
+                           epochs: float | None):
+    """`learning_rate` / `epochs` None: the script chooses them from its data (the fine-tuning scripts)."""
     group = parser.add_argument_group("training")
     group.add_argument("--output_dir", required=True, help="Where checkpoints, logs and the final model go.")
     group.add_argument("--overwrite_output_dir", action="store_true", help="Replace a different run in --output_dir.")
     group.add_argument("--seed", type=int, default=42)
     group.add_argument("--per_device_train_batch_size", type=int, default=batch_size)
     group.add_argument("--per_device_eval_batch_size", type=int, default=None, help="Defaults to the train batch size.")
-    group.add_argument("--learning_rate", type=float, default=learning_rate)
+    group.add_argument("--learning_rate", type=float, default=learning_rate,
+                       help=f"Peak learning rate (default: {learning_rate:g})." if learning_rate is not None else
+                       "Peak learning rate (default: chosen from the number of training examples, docs/TRAINING.md).")
     group.add_argument(
         "--embedding_learning_rate", type=float, default=None,
         help="Peak learning rate of the word embeddings (and of a masked-LM decoder tied to them), on the same "
@@ -157,8 +161,9 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--adam_beta2", type=float, default=0.999)
     group.add_argument("--adam_epsilon", type=float, default=1e-8)
     group.add_argument("--num_train_epochs", type=float,
-                       help=f"Passes over the training data (default: {epochs:g}, or as many as --max_train_minutes "
-                            "allows when that is given without it).")
+                       help=(f"Passes over the training data (default: {epochs:g}" if epochs is not None else
+                             "Passes over the training data (default: chosen from the number of training examples")
+                       + ", or as many as --max_train_minutes allows when that is given without it).")
     group.add_argument("--max_train_steps", type=_steps_or_zero,
                        help="Total optimizer steps; overrides --num_train_epochs (0: evaluate and save the start).")
     group.add_argument("--max_train_minutes", type=float,
@@ -209,11 +214,12 @@ AT_LEAST_ONE, ZERO_OR_MORE, MORE_THAN_ZERO = (1, True, None, False), (0, True, N
 RANGES = {
     **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                      "logging_steps", "eval_steps", "checkpoints_total_limit", "max_length", "max_seq_length",
-                     "max_train_samples", "max_eval_samples", "early_stopping_patience", "doc_stride",
+                     "max_train_samples", "max_eval_samples", "doc_stride",
                      "max_answer_length", "n_best_size", "vocab_size", "min_frequency"), AT_LEAST_ONE),
     # A learning rate of 0 trains nothing (or freezes the embeddings); 0 minutes stops after the first step.
+    # A patience of 0 turns early stopping off.
     **dict.fromkeys(("num_warmup_steps", "weight_decay", "max_grad_norm", "seed", "learning_rate",
-                     "embedding_learning_rate", "max_train_minutes"), ZERO_OR_MORE),
+                     "embedding_learning_rate", "max_train_minutes", "early_stopping_patience"), ZERO_OR_MORE),
     **dict.fromkeys(("num_train_epochs", "adam_epsilon"), MORE_THAN_ZERO),
     "warmup_ratio": (0, True, 1, True),
     "adam_beta1": (0, True, 1, False),

@@ -48,6 +48,8 @@ class Task:
     trace: what `--trace_data` records of a batch (default: the unpadded input ids).
     reshape: given a micro-batch and the optimizer step, the batch the model sees (pretraining's mixed lengths).
     load_best_model_at_end: keep the weights of the best evaluation and end the run with them (and their metrics).
+    early_stopping_patience: end the run after this many evaluations in a row without a better main metric, once
+        half of it is done.
     """
 
     count: Callable[[dict], int]
@@ -659,7 +661,15 @@ class Trainer:
             return False
         self.state.evaluations_without_improvement += 1
         patience = self.task.early_stopping_patience
-        return patience is not None and self.state.evaluations_without_improvement >= patience
+        return patience is not None and self.state.evaluations_without_improvement >= patience and self._half_done()
+
+    def _half_done(self) -> bool:
+        """Early stopping waits for the second half of the run: in the first, a metric that has not moved is more
+        often a model still on its plateau (held-out accuracy at the majority class for a hundred steps) than one
+        that has converged."""
+        if self.time_budget:
+            return 2 * self.state.training_seconds >= self.time_budget
+        return 2 * self.state.step >= self.total_steps
 
     def _run_evaluation(self) -> dict:
         """The task's evaluation in eval mode without gradients, then back to training mode."""
