@@ -8,7 +8,7 @@ import torch
 
 from sinebert import SineBertForSequenceClassification
 from sinebert.training.classification import example_count
-from sinebert.training.finetune import PaddingCollator
+from sinebert.training.finetune import PaddingCollator, fit_schedule
 from sinebert.training.loop import Task, Trainer, setup_accelerator
 from tests.conftest import load_script, tiny_config, user_error
 
@@ -41,6 +41,7 @@ def test_a_step_adds_the_gradient_at_the_embeddings_moved_up_their_gradient(tmp_
         expected = {name: g + _gradients(reference, batch)[name] for name, g in expected.items()}
 
     loader = torch.utils.data.DataLoader(rows, batch_size=4, collate_fn=PaddingCollator(0))
+    fit_schedule(args, accelerator, len(rows))  # as the script does before its Trainer
     trainer = Trainer(args, accelerator, model, loader, Task(count=example_count))
     clean_words = model.get_input_embeddings().weight.detach().clone()
     seen = {}
