@@ -25,7 +25,7 @@ from .arguments import (
 )
 from .errors import UserError
 from .hub import add_hub_arguments, push_folder
-from .loop import Task, Trainer, check_step_memory, save_final
+from .loop import Task, Trainer, check_step_memory, save_final, training_steps
 from .models import add_size_arguments, load_pretrained
 from .reporting import write_model_card
 
@@ -103,7 +103,7 @@ def fit_schedule(args, accelerator: Accelerator, rows: int):
         batches = math.ceil(rows / (args.per_device_train_batch_size * accelerator.num_processes))
         steps_per_epoch = batches / args.gradient_accumulation_steps
         args.num_train_epochs = round(min(MAX_EPOCHS, max(1.0, STEP_TARGET / steps_per_epoch)), 1)
-        steps = max(1, math.ceil(args.num_train_epochs * batches / args.gradient_accumulation_steps))
+        steps = training_steps(args, batches)
         chosen.append(f"{args.num_train_epochs:g} epochs ({steps:,} steps)")
         if args.eval_steps is None:
             args.eval_steps = max(1, math.ceil(steps / EVALUATIONS))
