@@ -150,7 +150,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--per_device_eval_batch_size", type=int, default=None, help="Defaults to the train batch size.")
     group.add_argument("--learning_rate", type=float, default=learning_rate,
                        help=f"Peak learning rate (default: {learning_rate:g})." if learning_rate is not None else
-                       "Peak learning rate (default: chosen from the number of training examples, docs/TRAINING.md).")
+                       "Peak learning rate (default: chosen from the number of training rows; the run prints it).")
     group.add_argument(
         "--embedding_learning_rate", type=float, default=None,
         help="Peak learning rate of the word embeddings (and of a masked-LM decoder tied to them), on the same "
