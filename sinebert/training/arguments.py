@@ -162,7 +162,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--adam_epsilon", type=float, default=1e-8)
     group.add_argument("--num_train_epochs", type=float,
                        help=(f"Passes over the training data (default: {epochs:g}" if epochs is not None else
-                             "Passes over the training data (default: chosen from the number of training examples")
+                             "Passes over the training data (default: chosen from the number of training rows")
                        + ", or as many as --max_train_minutes allows when that is given without it).")
     group.add_argument("--max_train_steps", type=_steps_or_zero,
                        help="Total optimizer steps; overrides --num_train_epochs (0: evaluate and save the start).")
