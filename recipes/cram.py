@@ -1,12 +1,13 @@
 """`make cram`: sinebert's quality on a fixed CPU budget ("CPU cram"), end to end with one command.
 
-    python -m recipes.cram            # the full budget: 1 to 1.5 hours on 2 CPU cores
+    python -m recipes.cram            # the full budget: about an hour on the reference host's 2 CPU cores
     python -m recipes.cram --quick    # every stage on slices with budgets of seconds (1-2 minutes): a smoke test
 
-data -> 16k WordPiece tokenizer -> 20 minutes of pretraining (2 of CBOW word embeddings, then 18 of MLM from them,
-with mimetic attention initialisation) -> fine-tuning on SST-2 (17 minutes), CoNLL-2003 (8 minutes) and
-squad_train (13 minutes), each from the pretrained checkpoint and from random initialisation -> CoNLL-2003 test
-scoring -> results table (JSON and markdown) with every stage's wall time.
+data -> 16k WordPiece tokenizer -> pretraining (3,098 steps of CBOW word embeddings, then 25.2 M tokens of MLM from
+them, with mimetic attention initialisation: the reference host's 20 minutes) -> fine-tuning on SST-2 (1.5 epochs),
+CoNLL-2003 (5,607 steps) and squad_train (2 epochs), each from the pretrained checkpoint and from random
+initialisation -> CoNLL-2003 test scoring -> results table (JSON and markdown) with every stage's budget, tokens and
+wall time. Every budget is work, not time, so that a slower machine reaches the same scores later.
 
 The recipe (model size, optimiser, schedule, batch, lengths, masking, budgets) lives in `configs/cram/*.yaml`, one
 file per stage, passed to the scripts with `--config_file`; this module adds only data paths, output folders and,

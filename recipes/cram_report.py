@@ -49,14 +49,25 @@ def machine_context(mode: str, launch: str, command: str) -> dict:
 # ----- collecting -----
 
 
-def budget_minutes(signature: list[str], stage: str) -> float | None:
-    """The stage's --max_train_minutes: the last one on its command line, else its config file's."""
-    values = [signature[i + 1] for i, part in enumerate(signature[:-1]) if part == "--max_train_minutes"]
-    if values:
-        return float(values[-1])
+# The settings that say how long a training stage runs, and how the stage table writes each.
+BUDGET_SETTINGS = {"max_train_tokens": "{:,.0f} tokens", "max_train_steps": "{:,.0f} steps",
+                   "num_train_epochs": "{:g} epochs", "max_train_minutes": "at most {:g} min"}
+
+
+def budget(signature: list[str], stage: str) -> dict[str, float]:
+    """The stage's length settings (BUDGET_SETTINGS): its config file's, each overridden by the last value on its
+    command line."""
     config = Path(__file__).resolve().parents[1] / "configs" / "cram" / CONFIG_OF_STAGE[stage.split("-")[0]]
-    value = read_config_file(str(config)).get("max_train_minutes") if config.is_file() else None
-    return None if value is None else float(value)
+    settings = read_config_file(str(config)) if config.is_file() else {}
+    found = {name: float(settings[name]) for name in BUDGET_SETTINGS if settings.get(name) is not None}
+    for i, part in enumerate(signature[:-1]):
+        if part.startswith("--") and part[2:] in BUDGET_SETTINGS:
+            found[part[2:]] = float(signature[i + 1])
+    return found
+
+
+def describe_budget(settings: dict | None) -> str:
+    return ", ".join(BUDGET_SETTINGS[name].format(value) for name, value in (settings or {}).items()) or "-"
 
 
 def stage_rows(paths, ledger, load: dict, order: list[str]) -> list[dict]:
@@ -72,7 +83,7 @@ def stage_rows(paths, ledger, load: dict, order: list[str]) -> list[dict]:
         output = paths.pretrain if name == "pretrain" else paths.root / name
         results = _json(output / "all_results.json") if name != "tokenizer" else {}
         if "train_seconds" in results:
-            row.update(budget_minutes=budget_minutes(entry["signature"], name),
+            row.update(budget=budget(entry["signature"], name),
                        train_seconds=results["train_seconds"], train_steps=results["train_steps"],
                        train_tokens=results["train_tokens"],
                        train_tokens_per_second=round(results["train_tokens_per_second"], 1))
@@ -166,17 +177,18 @@ def headline_table(results: dict) -> list[str]:
 
 
 def stage_table(results: dict) -> list[str]:
-    lines = ["| stage | budget (min) | training (min) | wall (min) | steps | tokens/s | load average at start -> end "
-             "(1/5/15 min) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| stage | budget | training (min) | wall (min) | steps | tokens (M) | tokens/s | load average at start "
+             "-> end (1/5/15 min) |", "|---|---|---|---|---|---|---|---|"]
     for row in results["stages"]:
         load = row.get("load_average")
         shown = f"{'/'.join(map(str, load['start']))} -> {'/'.join(map(str, load['end']))}" if load else "-"
-        training = row.get("train_seconds")
+        training, tokens = row.get("train_seconds"), row.get("train_tokens")
         name = f"{row['stage']}{' (resumed)' if row['resumed'] else ''}{_kept(row)}"
         lines.append(
-            f"| {name} | {_number(row.get('budget_minutes'), 2)} | "
+            f"| {name} | {describe_budget(row.get('budget'))} | "
             f"{_number(None if training is None else training / 60, 2)} | {_number(row['wall_seconds'] / 60, 2)} | "
-            f"{_number(row.get('train_steps'), 0)} | {_number(row.get('train_tokens_per_second'), 0)} | {shown} |"
+            f"{_number(row.get('train_steps'), 0)} | {_number(None if tokens is None else tokens / 1e6, 2)} | "
+            f"{_number(row.get('train_tokens_per_second'), 0)} | {shown} |"
         )
     return lines
 

@@ -13,7 +13,10 @@ from sinebert.training.metrics.classification import compute_classification
 from sinebert.training.metrics.seqeval_strict import compute_entities
 from sinebert.training.ner import Sentence, encode_sentences
 
+from .baselines import tfidf_logistic_regression
+
 STARTS = ("pretrained", "scratch")
+BAG_OF_WORDS = "classification-tfidf"  # evaluation.json's key of the baseline the classifiers are reported beside
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -75,9 +78,18 @@ def evaluate_tagger(model_dir: Path, test_file: Path, max_length: int, batch_siz
     }
 
 
+def evaluate_bag_of_words(data: Path) -> dict:
+    """TF-IDF + logistic regression trained on the classification training split, scored on its test split: what a
+    classifier costing seconds reaches, the bar for the fine-tuned ones (accuracy and macro-F1 as fractions)."""
+    scores = tfidf_logistic_regression(read_jsonl(data / "train.jsonl"), read_jsonl(data / "test.jsonl"))
+    return {"accuracy": scores["accuracy"] / 100, "macro_f1": scores["macro_f1"] / 100, "C": scores["C"],
+            "seconds": scores["seconds"]}
+
+
 def evaluate_all(paths, max_lengths: dict[str, int], threads: int) -> dict:
     """Score the four fine-tuned models on their test splits (`max_lengths`: per task, as in training) with `threads`
-    CPU threads; writes and returns evaluation.json's content."""
+    CPU threads, and the bag-of-words baseline on the classification split; writes and returns evaluation.json's
+    content."""
     results, saved_threads = {}, torch.get_num_threads()
     # As many threads as each training process had: on a busy 2-core machine, 2 spinning threads ran 3x slower than 1.
     torch.set_num_threads(threads)
@@ -87,6 +99,9 @@ def evaluate_all(paths, max_lengths: dict[str, int], threads: int) -> dict:
                 model_dir = paths.finetuned(task, start)
                 results[f"{task}-{start}"] = evaluate(model_dir, paths.data / task / "test.jsonl", max_lengths[task])
                 print(f"{task} ({start}): {_headline(task, results[f'{task}-{start}'])}", flush=True)
+        results[BAG_OF_WORDS] = evaluate_bag_of_words(paths.data / "classification")
+        print(f"classification (TF-IDF + logistic regression): {_headline('classification', results[BAG_OF_WORDS])}",
+              flush=True)
     finally:
         torch.set_num_threads(saved_threads)
     paths.evaluation.write_text(json.dumps(results, indent=1) + "\n")

@@ -7,6 +7,7 @@ Arguments follow Hugging Face's run_mlm_no_trainer.py; any of them can also come
 """
 
 import argparse
+import math
 from functools import partial
 from pathlib import Path
 
@@ -52,6 +53,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_training_arguments(parser, learning_rate=5e-4, batch_size=32, epochs=1)
     group = parser.add_argument_group("masked language modelling")
     group.add_argument("--max_seq_length", type=int, default=128, help="Tokens per packed block.")
+    group.add_argument(
+        "--max_train_tokens", type=int,
+        help="Train on this many tokens: the optimizer steps are this over the tokens of a step (blocks per process x "
+             "processes x accumulation x --max_seq_length), so that a run does the same work on any machine; instead "
+             "of --max_train_steps and --num_train_epochs (--max_train_minutes stays a cap).",
+    )
     group.add_argument(
         "--short_seq_length", type=int,
         help="Mix sequence lengths: on a share --short_seq_probability of the steps, cut the --max_seq_length blocks "
@@ -128,6 +135,22 @@ def load_blocks(args, accelerator, tokenizer):
     return blocks["train"], blocks["validation"]
 
 
+def steps_for_tokens(args, accelerator) -> None:
+    """Turn --max_train_tokens into --max_train_steps: every step trains full packed blocks of --max_seq_length."""
+    if args.max_train_tokens is None:
+        return
+    given = [f"--{name} {getattr(args, name)}" for name in ("max_train_steps", "num_train_epochs")
+             if getattr(args, name) is not None]
+    if given:
+        raise SharedUserError(f"--max_train_tokens {args.max_train_tokens} and {' and '.join(given)} both say how "
+                              "long to train; pass only one of them.")
+    per_step = (args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
+                * args.max_seq_length)
+    args.max_train_steps = math.ceil(args.max_train_tokens / per_step)
+    accelerator.print(f"--max_train_tokens {args.max_train_tokens:,}: {args.max_train_steps:,} steps of "
+                      f"{per_step:,} tokens.")
+
+
 def build_model(args, tokenizer):
     """The masked-LM model (its head predicting only the masked tokens), or for --objective rtd the discriminator
     with its generator."""
@@ -153,6 +176,7 @@ def _materialise(iterable):
 def main(argv=None):
     args = parse_args(argv)
     accelerator = setup_accelerator(args)
+    steps_for_tokens(args, accelerator)
     tokenizer = load_tokenizer(args)
     reshape = mixed_lengths(args, tokenizer.pad_token_id)
     model = build_model(args, tokenizer)

@@ -41,6 +41,10 @@ def files(tmp_path, sentences):
          "--mlm_probability must be in (0, 1), got 1.5"),
         (["--train_file", "one.txt"], "The training data has 1 row, too few to hold out 5% for validation"),
         (["--train_file", "numbers.jsonl"], "The 'text' column holds 5 (int), not text"),
+        (["--train_file", "reviews.csv", "--text_column_name", "review", "--max_train_tokens", 512],
+         "--max_train_tokens 512 and --max_train_steps 1 both say how long to train; pass only one of them"),
+        (["--train_file", "reviews.csv", "--text_column_name", "review", "--max_train_tokens", 0],
+         "--max_train_tokens must be at least 1, got 0"),
     ],
 )
 def test_bad_data_and_settings(files, tokenizer_dir, capsys, extra, message):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes import demo, demo_data, stages
+from recipes import demo, demo_data, demo_eval, stages
 from recipes.demo import Paths
 from recipes.demo_data import SOURCES, DataLimits
 from recipes.stages import Launch, Ledger, Runner, Stage
@@ -296,12 +296,37 @@ def test_the_first_start_records_the_launch_and_every_rerun_reuses_it(tmp_path, 
 
 def test_finetuning_runs_the_planned_epochs_from_the_checkpoint_or_the_same_architecture(tmp_path):
     paths = Paths(root=tmp_path, cache=tmp_path / "cache")
-    plan = replace(demo.PLANS["default"], classification_epochs=2, ner_epochs=3)
+    plan = replace(demo.PLANS["default"], finetune_epochs={"classification": 2, "ner": 3}, finetune_learning_rate=3e-4)
     command = demo.finetune_command(plan, paths, CPU, "ner", "scratch")
     assert command[command.index("--num_train_epochs") + 1] == "3"  # the script counts epochs over all processes
+    assert command[command.index("--learning_rate") + 1] == "0.0003"
     assert "--config_name" in command and "--model_name_or_path" not in command  # same architecture, random weights
     command = demo.finetune_command(plan, paths, CPU, "classification", "pretrained")
     assert command[command.index("--num_train_epochs") + 1] == "2" and "--model_name_or_path" in command
+
+
+def test_the_default_demo_fine_tunes_as_a_user_who_passes_only_files(tmp_path):
+    """The schedule is the scripts' own fit to the data (length, learning rate, early stopping, best weights)."""
+    paths = Paths(root=tmp_path, cache=tmp_path / "cache")
+    for task in ("classification", "ner"):
+        command = demo.finetune_command(demo.PLANS["default"], paths, CPU, task, "pretrained")
+        for fitted in ("--learning_rate", "--num_train_epochs", "--max_train_steps", "--max_train_minutes",
+                       "--eval_steps", "--early_stopping_patience", "--load_best_model_at_end"):
+            assert fitted not in command, (task, fitted)
+        assert "--validation_file" in command  # what early stopping watches
+
+
+def test_the_bag_of_words_baseline_is_scored_on_the_test_split(tmp_path):
+    words = {"fresh": ["warm", "funny", "moving", "sharp"], "rotten": ["dull", "flat", "tedious", "limp"]}
+    rows = lambda n, offset: [{"sentence": f"a {words[label][(i + offset) % 4]} film", "label": label}  # noqa: E731
+                              for i in range(n) for label in words]
+    for name, split in (("train", rows(40, 0)), ("test", rows(10, 1))):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in split))
+    scores = demo_eval.evaluate_bag_of_words(tmp_path)
+    assert scores["accuracy"] == 1.0 and scores["macro_f1"] == 1.0  # fractions, as the models' scores are
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps({**row, "label": "rotten" if row["label"] == "fresh" else
+                                                              "fresh"}) + "\n" for row in rows(10, 1)))
+    assert demo_eval.evaluate_bag_of_words(tmp_path)["accuracy"] == 0.0  # it reads the test labels
 
 
 def test_pretraining_reads_only_training_text(tmp_path):
@@ -367,6 +392,8 @@ def test_smoke_demo_end_to_end_then_reused(tmp_path, wheel_cache):
         assert sum(map(sum, evaluation[key]["confusion_matrix"]["matrix"])) == evaluation[key]["examples"]
     for key in ("ner-pretrained", "ner-scratch"):
         assert 0.0 <= evaluation[key]["f1"] <= 1.0 and evaluation[key]["examples"] > 0
+    assert 0.3 <= evaluation["classification-tfidf"]["accuracy"] <= 1.0
+    assert "| TF-IDF + logistic regression |" in report
     pretrain = json.loads((output / "pretrain" / "all_results.json").read_text())
     assert pretrain["train_tokens_per_second"] > 0 and pretrain["eval_loss"] < 8.0
     # Pretraining starts from mimetic attention; the from-scratch arm keeps the standard initialisation.

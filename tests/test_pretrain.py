@@ -210,6 +210,17 @@ def test_time_budget_sets_the_length_and_the_schedule(text_corpus, tokenizer_dir
     assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))
 
 
+def test_a_token_budget_trains_its_tokens_whatever_the_processes(text_corpus, tokenizer_dir, tmp_path):
+    """--max_train_tokens 1,000 with blocks of 64: 4 steps of 4 x 64 tokens on one process, 2 of 2 x 4 x 64 on two."""
+    common = [*data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 4, "--max_train_tokens", 1000,
+              "--max_eval_samples", 8]
+    launch(*common, "--output_dir", tmp_path / "one")
+    launch(*common, "--output_dir", tmp_path / "two", processes=2)
+    for name, steps in (("one", 4), ("two", 2)):
+        results = json.loads((tmp_path / name / "all_results.json").read_text())
+        assert (results["train_steps"], results["train_tokens"]) == (steps, 1024), name
+
+
 def test_token_dropping_flags_set_the_config_and_bad_values_are_one_sentence(text_corpus, tokenizer_dir, tmp_path,
                                                                           capsys):
     common = [*data(text_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,

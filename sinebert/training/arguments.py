@@ -214,7 +214,7 @@ AT_LEAST_ONE, ZERO_OR_MORE, MORE_THAN_ZERO = (1, True, None, False), (0, True, N
 RANGES = {
     **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                      "logging_steps", "eval_steps", "checkpoints_total_limit", "max_length", "max_seq_length",
-                     "max_train_samples", "max_eval_samples", "doc_stride",
+                     "max_train_samples", "max_eval_samples", "max_train_tokens", "doc_stride",
                      "max_answer_length", "n_best_size", "vocab_size", "min_frequency"), AT_LEAST_ONE),
     # A learning rate of 0 trains nothing (or freezes the embeddings); 0 minutes stops after the first step.
     # A patience of 0 turns early stopping off.
