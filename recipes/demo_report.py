@@ -109,7 +109,7 @@ def stage_rows(paths, ledger, evaluation: dict) -> list[tuple[str, str, str, str
         ("tokenizer", f"WordPiece, {tokenizer.get('vocab_size', 0):,} tokens, cased",
          _time(ledger.seconds("tokenizer")), "-"),
         ("pretraining (MLM)",
-         f"{pretrain.get('train_steps', 0)} steps, {pretrain.get('train_tokens', 0):,} tokens; validation loss "
+         f"{pretrain.get('train_steps', 0):,} steps, {pretrain.get('train_tokens', 0):,} tokens; validation loss "
          f"{pretrain.get('eval_loss', nan):.3f}, perplexity {pretrain.get('perplexity', nan):.1f}, "
          f"masked-token accuracy {pretrain.get('eval_accuracy', nan):.3f}",
          _time(ledger.seconds("pretrain")), _rate(pretrain)),
@@ -118,7 +118,7 @@ def stage_rows(paths, ledger, evaluation: dict) -> list[tuple[str, str, str, str
         for start in START_STYLE:
             results = _json(paths.finetuned(task, start) / "all_results.json")
             test = evaluation.get(f"{task}-{start}", {})
-            rows.append((f"{title}, {start}", f"{results.get('train_steps', 0)} steps; {_test_summary(task, test)}",
+            rows.append((f"{title}, {start}", f"{results.get('train_steps', 0):,} steps; {_test_summary(task, test)}",
                          _time(ledger.seconds(f"{task}-{start}")), _rate(results)))
     eval_rate = [evaluation[f"{task}-{start}"]["tokens_per_second"] for task in TASKS for start in START_STYLE
                  if f"{task}-{start}" in evaluation]
