@@ -52,21 +52,23 @@ class Plan:
     overrides: dict[str, list[str]] = field(default_factory=dict)
 
 
+QUICK_PRETRAIN_TOKENS, QUICK_STEPS = 65536, 40  # the quick mode's budgets: 64 steps of 16 x 64 tokens on one process
 _TINY_MODEL = ["--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_heads", "2",
                "--intermediate_size", "128"]
 PLANS = {
     "full": Plan("full"),
-    # A smoke test of the whole path in 1-2 minutes: slices of every data set, a tiny model, budgets of seconds.
+    # A smoke test of the whole path in 1-2 minutes: slices of every data set, a tiny model, budgets of a few dozen
+    # steps (work, as the full budget, so that the smoke test does the same on any machine).
     "quick": Plan("quick", cram_data.CramLimits(pretrain_lines=400, squad_articles=1, conll_test_sentences=200), {
         "tokenizer": ["--vocab_size", "1000"],
-        "embeddings": ["--embedding_size", "64", "--max_train_minutes", "0.05", "--batch_size", "1024"],
-        "pretrain": [*_TINY_MODEL, "--max_train_minutes", "0.1", "--max_eval_samples", "16",
+        "embeddings": ["--embedding_size", "64", "--max_train_steps", "100", "--batch_size", "1024"],
+        "pretrain": [*_TINY_MODEL, "--max_train_tokens", str(QUICK_PRETRAIN_TOKENS), "--max_eval_samples", "16",
                      "--per_device_train_batch_size", "16", "--max_seq_length", "64"],
-        "sst2": ["--max_train_minutes", "0.1", "--max_train_samples", "1500", "--max_eval_samples", "200",
+        "sst2": ["--max_train_steps", str(QUICK_STEPS), "--max_train_samples", "1500", "--max_eval_samples", "200",
                  "--eval_steps", "1000"],
-        "conll2003": ["--max_train_minutes", "0.1", "--max_train_samples", "1000", "--max_eval_samples", "200",
-                      "--eval_steps", "1000"],
-        "squad": ["--max_train_minutes", "0.1", "--max_train_samples", "300", "--max_eval_samples", "60",
+        "conll2003": ["--max_train_steps", str(QUICK_STEPS), "--max_train_samples", "1000", "--max_eval_samples",
+                      "200", "--eval_steps", "1000"],
+        "squad": ["--max_train_steps", str(QUICK_STEPS), "--max_train_samples", "300", "--max_eval_samples", "60",
                   "--eval_steps", "1000"],
     }),
 }

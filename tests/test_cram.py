@@ -231,16 +231,22 @@ def test_quick_cram_end_to_end_then_reused(tmp_path, shared_layout, sotu_cache):
         scores = results["sinebert"][start]
         assert set(scores) == {"sst2_accuracy", "conll2003_f1", "conll2003_valid_f1", "squad_exact_match", "squad_f1"}
         assert all(value is not None and 0.0 <= value <= 100.0 for value in scores.values()), scores
-        assert 25.0 <= scores["sst2_accuracy"] <= 75.0  # seconds of training: about chance, never broken
+        assert scores["sst2_accuracy"] >= 25.0  # a few dozen steps: never broken (2 labels)
     stages = {row["stage"]: row for row in results["stages"]}
     assert set(stages) == {"data", "tokenizer", "embeddings", "pretrain", "conll2003-test",
                            *(f"{task}-{start}" for task in cram.TASKS for start in cram.STARTS)}
     for name, row in stages.items():
         assert row["wall_seconds"] > 0 and len(row["load_average"]["start"]) == 3, name
-        if name in ("data", "tokenizer", "pretrain", "conll2003-test"):
+        if name in ("data", "tokenizer", "conll2003-test"):
             continue
-        assert row["budget"]["max_train_minutes"] <= 0.1 and 0 < row["train_seconds"] < 60, name
-        assert row["train_steps"] >= 1 and row["train_tokens_per_second"] > 0, name
+        assert 0 < row["train_seconds"] < 60 and row["train_tokens_per_second"] > 0, name
+        if name == "pretrain":  # the budget is work: its tokens in steps of 16 blocks of 64 per process, on any machine
+            processes = json.loads((output / "launch.json").read_text())["processes"]
+            assert row["budget"] == {"max_train_tokens": cram.QUICK_PRETRAIN_TOKENS}
+            assert row["train_steps"] == math.ceil(cram.QUICK_PRETRAIN_TOKENS / (16 * processes * 64))
+            assert 0.9 * cram.QUICK_PRETRAIN_TOKENS <= row["train_tokens"] <= cram.QUICK_PRETRAIN_TOKENS  # (epoch ends)
+        elif name != "embeddings":
+            assert row["budget"]["max_train_steps"] == row["train_steps"] == cram.QUICK_STEPS, name
     assert results["total_wall_seconds"] >= sum(row["wall_seconds"] for row in stages.values()) - 1
     table = (output / "results" / "cram.md").read_text()
     assert "| SST-2 dev accuracy |" in table and "| pretrain |" in table and "--quick" in table
