@@ -1,7 +1,7 @@
 """`make cram`: sinebert's quality on a fixed CPU budget ("CPU cram"), end to end with one command.
 
     python -m recipes.cram            # the full budget: about an hour on the reference host's 2 CPU cores
-    python -m recipes.cram --quick    # every stage on slices with budgets of seconds (1-2 minutes): a smoke test
+    python -m recipes.cram --quick    # every stage on slices, a few dozen steps each (1-2 minutes): a smoke test
 
 data -> 16k WordPiece tokenizer -> pretraining (3,098 steps of CBOW word embeddings, then 25.2 M tokens of MLM from
 them, with mimetic attention initialisation: the reference host's 20 minutes) -> fine-tuning on SST-2 (1.5 epochs),
@@ -52,7 +52,9 @@ class Plan:
     overrides: dict[str, list[str]] = field(default_factory=dict)
 
 
-QUICK_PRETRAIN_TOKENS, QUICK_STEPS = 65536, 40  # the quick mode's budgets: 64 steps of 16 x 64 tokens on one process
+# The quick mode's budgets: pretraining tokens (32 steps of 16 blocks of 64 tokens on each of 2 processes), and
+# steps of each fine-tuning.
+QUICK_PRETRAIN_TOKENS, QUICK_STEPS = 65536, 40
 _TINY_MODEL = ["--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_heads", "2",
                "--intermediate_size", "128"]
 PLANS = {
