@@ -212,8 +212,9 @@ def markdown(results: dict) -> str:
         "on dev (the test labels are not public), CoNLL-2003 on test (training watched valid), SQuAD on squad_eval "
         "(articles 38..47 of v1.1 dev). The reference columns were measured on this budget for issue 9.", "",
         *stage_table(results), "",
-        f"Total wall time {results['total_wall_seconds'] / 60:.1f} minutes. Training time is what the budget counts "
-        "(the optimizer steps); wall time adds start-up, data preparation, evaluations and saving.", "",
+        f"Total wall time {results['total_wall_seconds'] / 60:.1f} minutes. The budget is work (steps, epochs or tokens), "
+        "the same on any machine; training time is what the optimizer steps took here, and wall time adds start-up, "
+        "data preparation, evaluations and saving.", "",
     ])
 
 
