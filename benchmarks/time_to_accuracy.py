@@ -1,0 +1,280 @@
+"""Time to accuracy on the cram's pretraining text: sinebert against transformers' ModernBERT, each by the clock.
+
+    python benchmarks/time_to_accuracy.py               # ModernBERT 20 minutes, sinebert 10: about 45 minutes
+    python benchmarks/time_to_accuracy.py --minutes 4   # shorter
+
+The question of issue 32: does sinebert reach, in half the time, the held-out masked-token accuracy that ModernBERT
+reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe)
+and sinebert with token dropping get half as many. Every model has the same size as the cram's (hidden 256, 4 layers,
+vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same order with the same
+masks, and trains with the cram's optimizer settings (AdamW, peak learning rate 1e-3, betas 0.9/0.98, weight decay
+0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs on each model's own training
+clock, so each model's learning rate reaches 0 exactly when its budget is spent, on whatever machine. The models take
+turns: the one that has used the smallest share of its budget steps next, so a slow minute of a shared host falls on
+all of them alike. Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on the clock.
+
+sinebert starts from scratch here (mimetic attention, no CBOW word embeddings: `make cram` spends 2 more minutes on
+those). ModernBERT is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's
+feed-forward), under the attention implementation that speed.py measured fastest here for the precision.
+
+Writes benchmarks/results/time_to_accuracy.{json,md,png}.
+"""
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import speed  # noqa: E402
+from recipes import cram_data  # noqa: E402
+from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
+from sinebert.training.loop import cpu_has_native_bf16  # noqa: E402
+from sinebert.training.mlm import MaskingCollator, pack_texts  # noqa: E402
+from sinebert.training.tokenizer import train_wordpiece  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+PEAK_LR, BETAS, WEIGHT_DECAY, MAX_GRAD_NORM, WARMUP = 1e-3, (0.9, 0.98), 0.01, 1.0, 0.06
+EVAL_BLOCKS, EVALUATIONS = 256, 10
+# (name, label, share of --minutes): the peer gets the whole budget, sinebert half.
+CONTENDERS = (("modernbert", "ModernBERT", 1.0), ("sinebert", "sinebert", 0.5),
+              ("sinebert_dropping", "sinebert, token dropping", 0.5))
+# Three layers: token dropping leaves out the first and the last.
+TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
+
+
+def learning_rate(share: float) -> float:
+    """The cram's schedule at `share` of a budget spent: linear warmup over WARMUP, then linear decay to 0."""
+    if share < WARMUP:
+        return PEAK_LR * share / WARMUP
+    return PEAK_LR * max(0.0, 1 - share) / (1 - WARMUP)
+
+
+@dataclass
+class Contender:
+    name: str
+    model: torch.nn.Module
+    budget: float  # training seconds
+    optimizer: torch.optim.Optimizer = None
+    seconds: float = 0.0
+    steps: int = 0
+    curve: list = field(default_factory=list)  # (training seconds, steps, held-out accuracy)
+
+    def __post_init__(self):
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=BETAS, weight_decay=WEIGHT_DECAY,
+                                           fused=True)
+
+    @property
+    def share(self) -> float:
+        return self.seconds / self.budget
+
+
+def next_contender(contenders: list[Contender]) -> Contender | None:
+    """The contender with the smallest share of its budget spent, or None once every budget is spent."""
+    running = [c for c in contenders if c.share < 1]
+    return min(running, key=lambda c: c.share) if running else None
+
+
+def train_step(contender: Contender, batch: dict, precision: str):
+    """One clocked optimizer step at the learning rate of the share of the budget spent so far."""
+    model, optimizer = contender.model, contender.optimizer
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(contender.share)
+
+    def step():
+        with speed.autocast(precision):
+            loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    model.train()
+    contender.seconds += speed.seconds_of(step)
+    contender.steps += 1
+
+
+def seconds_to_reach(curve: list, accuracy: float) -> float | None:
+    """Training seconds at which `curve` first reaches `accuracy`, interpolated linearly; None if it never does."""
+    for (t0, _, a0), (t1, _, a1) in zip(curve, curve[1:]):
+        if a1 >= accuracy:
+            return t0 + (t1 - t0) * (accuracy - a0) / (a1 - a0) if a1 > a0 else t1
+    return None
+
+
+def build(name: str, vocab: int, dims: dict, precision: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "modernbert":
+        attention = "eager" if precision == "bf16" else "sdpa"  # the faster in speed.py's rows here
+        return speed.ModernBertForMaskedLM(speed.modernbert_config(dims, attention, vocab)).to(speed.DEVICE)
+    extra = speed.TOKEN_DROPPING if name == "sinebert_dropping" else {}
+    config = SineBertConfig(**dims, vocab_size=vocab, max_position_embeddings=512, **speed.pretraining_settings(),
+                            **extra)
+    return SineBertForMaskedLM(config).to(speed.DEVICE)
+
+
+def blocks_of(lines: list[str], tokenizer, seq: int) -> list[list[int]]:
+    return [block for block in pack_texts(lines, tokenizer, seq) if len(block) == seq]
+
+
+def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int,
+        seq: int = speed.SEQ, batch_size: int = speed.BATCH) -> dict:
+    tokenizer = train_wordpiece(train_lines, vocab_size=vocab)
+    train = blocks_of(train_lines, tokenizer, seq)
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()
+    collator = MaskingCollator(tokenizer, speed.MASKING, seed=0)
+    held = MaskingCollator(tokenizer, speed.MASKING, seed=1, epoch=None)(
+        [{"input_ids": b, "example_id": i} for i, b in enumerate(blocks_of(held_lines, tokenizer, seq)[:EVAL_BLOCKS])])
+    held = {key: value.to(speed.DEVICE) for key, value in held.items()}
+    per_epoch = len(train) // batch_size
+
+    def batch(step: int) -> dict:
+        """Batch `step` of the shared order: each block keeps its own mask within an epoch, new ones the next."""
+        collator.set_epoch(step // per_epoch)
+        rows = order[(step % per_epoch) * batch_size:][:batch_size]
+        masked = collator([{"input_ids": train[i], "example_id": i} for i in rows])
+        return {key: value.to(speed.DEVICE) for key, value in masked.items()}
+
+    contenders = [Contender(name, build(name, len(tokenizer), dims, precision), 60 * minutes * share)
+                  for name, _, share in CONTENDERS]
+    marks = {c.name: 0 for c in contenders}  # evaluations done
+    while (contender := next_contender(contenders)) is not None:
+        if contender.share >= marks[contender.name] / EVALUATIONS:
+            accuracy = speed.masked_accuracy(contender.model, held, precision)
+            contender.curve.append((contender.seconds, contender.steps, accuracy))
+            marks[contender.name] += 1
+            print(f"  {contender.name}: {contender.seconds:6.0f} s, step {contender.steps}, {100 * accuracy:.1f}%",
+                  flush=True)
+        train_step(contender, batch(contender.steps), precision)
+    for contender in contenders:  # the end of each budget
+        contender.curve.append((contender.seconds, contender.steps,
+                                speed.masked_accuracy(contender.model, held, precision)))
+    return {
+        "minutes": minutes, "precision": precision, "dims": dims, "vocab": len(tokenizer), "seq": seq,
+        "batch": batch_size, "train_blocks": len(train), "held_out_blocks": len(held["input_ids"]),
+        "held_out_masked_tokens": int((held["labels"] != -100).sum()),
+        "curves": {c.name: {"budget_seconds": c.budget, "steps": c.steps, "points": c.curve} for c in contenders},
+    }
+
+
+def verdict(report: dict) -> dict:
+    """ModernBERT's accuracy at the end of its budget, each sinebert's at the end of its (half) budget and the
+    seconds it took to reach ModernBERT's final accuracy (None if it did not), and whether the target holds."""
+    curves = report["curves"]
+    target = curves["modernbert"]["points"][-1][2]
+    result = {"modernbert_accuracy": target, "modernbert_seconds": curves["modernbert"]["points"][-1][0]}
+    for name in ("sinebert", "sinebert_dropping"):
+        points = curves[name]["points"]
+        result[f"{name}_accuracy"] = points[-1][2]
+        result[f"{name}_seconds_to_target"] = seconds_to_reach(points, target)
+        result[f"{name}_meets_target"] = points[-1][2] >= target
+    return result
+
+
+def markdown(report: dict) -> str:
+    result, curves = report["verdict"], report["curves"]
+    labels = {name: label for name, label, _ in CONTENDERS}
+    lines = [
+        f"Time to accuracy on {report['text']}, {report['date']}, {report['machine']}, {report['precision']};"
+        f" hidden {report['dims']['hidden_size']}, {report['dims']['num_hidden_layers']} layers, vocabulary "
+        f"{report['vocab']:,}, batches of {report['batch']} x {report['seq']}; held-out accuracy on "
+        f"{report['held_out_masked_tokens']:,} masked tokens. Command: `{report['command']}`.",
+        "",
+        "| model | budget (min) | steps | tokens (M) | held-out accuracy at the end, % "
+        "| seconds to reach ModernBERT's |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, label, _ in CONTENDERS:
+        curve = curves[name]
+        reach = result.get(f"{name}_seconds_to_target")
+        reach = "-" if name == "modernbert" else ("not reached" if reach is None else f"{reach:.0f}")
+        lines.append(f"| {label} | {curve['budget_seconds'] / 60:g} | {curve['steps']:,} | "
+                     f"{curve['steps'] * report['batch'] * report['seq'] / 1e6:.2f} | "
+                     f"{100 * curve['points'][-1][2]:.1f} | {reach} |")
+    lines += ["", "| share of the budget | " + " | ".join(labels[n] for n, _, _ in CONTENDERS) + " |",
+              "|---|" + "---|" * len(CONTENDERS)]
+    for i in range(len(curves["modernbert"]["points"])):
+        cells = []
+        for name, _, _ in CONTENDERS:
+            points = curves[name]["points"]
+            cells.append(f"{100 * points[i][2]:.1f} ({points[i][0]:.0f} s)" if i < len(points) else "")
+        lines.append(f"| {min(i, EVALUATIONS) / EVALUATIONS:.0%} | " + " | ".join(cells) + " |")
+    for name in ("sinebert", "sinebert_dropping"):
+        met = "met" if result[f"{name}_meets_target"] else "not met"
+        lines.append("")
+        lines.append(f"{labels[name]} after {curves[name]['budget_seconds'] / 60:g} minutes: "
+                     f"{100 * result[f'{name}_accuracy']:.1f}% against ModernBERT's "
+                     f"{100 * result['modernbert_accuracy']:.1f}% after {result['modernbert_seconds'] / 60:.1f}: "
+                     f"target {met}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.5, 4))
+    for (name, label, _), style in zip(CONTENDERS, ("d-", "s-", "^-")):
+        points = report["curves"][name]["points"]
+        axis.plot([p[0] / 60 for p in points], [100 * p[2] for p in points], style, label=label)
+    axis.set_xlabel("training minutes (each model's own clock)")
+    axis.set_ylabel("held-out masked-token accuracy (%)")
+    axis.set_title(f"{report['text']}, {report['precision']}, the same batches")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def cram_text(work: Path) -> tuple[list[str], list[str]]:
+    """The cram's pretraining lines and its held-out lines, prepared as `make cram` prepares them."""
+    data = cram_data.CramData(work / "data")
+    if not data.pretrain_validation.is_file():
+        cram_data.prepare(speed.DATA, data, work / "cache")
+    read = lambda path: [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]  # noqa: E731
+    return read(data.pretrain_train), read(data.pretrain_validation)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=20.0, help="ModernBERT's budget; sinebert gets half.")
+    parser.add_argument("--work_dir", default=None, help="Where the cram's text is prepared (a temporary folder).")
+    parser.add_argument("--train_file", help="Lines of text to train on instead of the cram's (with --held_out_file).")
+    parser.add_argument("--held_out_file")
+    parser.add_argument("--tiny", action="store_true", help="Tiny models and vocabulary: checks that it runs.")
+    parser.add_argument("--output_dir", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    precision = "bf16" if speed.DEVICE.type == "cuda" or cpu_has_native_bf16() else "fp32"
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.train_file:
+            read = lambda p: [x for x in Path(p).read_text(encoding="utf-8").splitlines() if x.strip()]  # noqa: E731
+            train_lines, held_lines = read(args.train_file), read(args.held_out_file or args.train_file)
+            text = Path(args.train_file).name
+        else:
+            train_lines, held_lines = cram_text(Path(args.work_dir or scratch))
+            text = "the cram's pretraining text"
+        dims = TINY if args.tiny else speed.SIZES["small"]
+        report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB)
+    report |= {"text": text, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),
+               "torch": torch.__version__, "platform": platform.platform(),
+               "command": "python benchmarks/time_to_accuracy.py " + " ".join(argv or sys.argv[1:])}
+    report["verdict"] = verdict(report)
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "time_to_accuracy.json").write_text(json.dumps(report, indent=1) + "\n")
+    (output / "time_to_accuracy.md").write_text(markdown(report))
+    plot(report, output / "time_to_accuracy.png")
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
