@@ -440,11 +440,13 @@ def accuracy_curves(steps: int, precision: str) -> dict:
     return curves
 
 
-def train_step(model, optimizer, batch: dict, precision: str):
-    """One optimizer step of `model` on `batch` under `precision`."""
+def train_step(model, optimizer, batch: dict, precision: str, max_grad_norm: float | None = None):
+    """One optimizer step of `model` on `batch` under `precision`, the gradient norm clipped if `max_grad_norm`."""
     with autocast(precision):
         loss = model(**batch).loss
     loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 

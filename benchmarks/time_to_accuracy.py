@@ -68,7 +68,7 @@ class Contender:
     name: str
     model: torch.nn.Module
     budget: float  # training seconds
-    optimizer: torch.optim.Optimizer = None
+    optimizer: torch.optim.Optimizer = field(init=False)
     seconds: float = 0.0
     steps: int = 0
     curve: list = field(default_factory=list)  # (training seconds, steps, held-out accuracy)
@@ -93,17 +93,8 @@ def train_step(contender: Contender, batch: dict, precision: str):
     model, optimizer = contender.model, contender.optimizer
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(contender.share)
-
-    def step():
-        with speed.autocast(precision):
-            loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
     model.train()
-    contender.seconds += speed.seconds_of(step)
+    contender.seconds += speed.seconds_of(lambda: speed.train_step(model, optimizer, batch, precision, MAX_GRAD_NORM))
     contender.steps += 1
 
 
@@ -245,8 +236,11 @@ def cram_text(work: Path) -> tuple[list[str], list[str]]:
     data = cram_data.CramData(work / "data")
     if not data.pretrain_validation.is_file():
         cram_data.prepare(speed.DATA, data, work / "cache")
-    read = lambda path: [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]  # noqa: E731
-    return read(data.pretrain_train), read(data.pretrain_validation)
+    return nonblank_lines(data.pretrain_train), nonblank_lines(data.pretrain_validation)
+
+
+def nonblank_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def main(argv=None):
@@ -261,8 +255,8 @@ def main(argv=None):
     precision = "bf16" if speed.DEVICE.type == "cuda" or cpu_has_native_bf16() else "fp32"
     with tempfile.TemporaryDirectory() as scratch:
         if args.train_file:
-            read = lambda p: [x for x in Path(p).read_text(encoding="utf-8").splitlines() if x.strip()]  # noqa: E731
-            train_lines, held_lines = read(args.train_file), read(args.held_out_file or args.train_file)
+            train_lines = nonblank_lines(Path(args.train_file))
+            held_lines = nonblank_lines(Path(args.held_out_file or args.train_file))
             text = Path(args.train_file).name
         else:
             train_lines, held_lines = cram_text(Path(args.work_dir or scratch))
