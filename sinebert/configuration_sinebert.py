@@ -20,6 +20,7 @@ SINEBERT_AUTO_MAP = {
 
 NORM_PLACEMENTS = ("post", "pre")
 ATTENTION_INITS = ("normal", "mimetic")
+POSITION_EMBEDDING_TYPES = ("absolute", "rotary")
 CLASSIFIER_POOLINGS = ("cls", "mean")
 
 
@@ -41,6 +42,14 @@ class SineBertConfig(PreTrainedConfig):
         attention_probs_dropout_prob (`float`, defaults to 0.1): Dropout on attention probabilities, in [0, 1).
         max_position_embeddings (`int`, defaults to 512): Rows of the cached sinusoidal table. Not a limit:
             positions beyond it are computed on the fly.
+        position_embedding_type (`str`, defaults to `"absolute"`): Where the fixed sinusoids of position enter.
+            `"absolute"` adds the sinusoidal encoding of each position to its word embedding (Vaswani et al., 2017).
+            `"rotary"` adds nothing to the embeddings and instead rotates each head's queries and keys by angles
+            proportional to the position, at the same geometric series of frequencies (RoFormer, Su et al., 2021),
+            so that attention scores depend on the distance between two tokens and not on where they stand. Configs
+            saved before this setting existed load with `"absolute"`, as they were trained.
+        rope_theta (`float`, defaults to 10000.0): With rotary positions, the base of the frequencies: the pair i of
+            a head's dimensions turns by position * rope_theta^(-2i / head_dim).
         type_vocab_size (`int`, defaults to 2): Number of token types (segments); 0 disables token-type
             embeddings.
         layer_norm_eps (`float`, defaults to 1e-12): Epsilon of every LayerNorm.
@@ -59,7 +68,7 @@ class SineBertConfig(PreTrainedConfig):
             adding positions, as in the original Transformer, so that the sinusoids (entries in [-1, 1]) do not
             drown the small initial word embeddings.
         position_scale (`float`, *optional*): Factor of the sinusoidal encoding where it is added to the word
-            embeddings. By default sqrt(2) * `initializer_range`, so that at initialisation a position row has the
+            embeddings (absolute positions only). By default sqrt(2) * `initializer_range`, so that at initialisation a position row has the
             norm of a word-embedding row (a sinusoid row has norm sqrt(hidden_size / 2)), as BERT's learned position
             embeddings do; unscaled, a sinusoid is 35 times a word vector and after the embedding LayerNorm the
             model barely sees which token it reads. With `scale_embeddings` the default is 1, the original
@@ -123,6 +132,8 @@ class SineBertConfig(PreTrainedConfig):
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
+    position_embedding_type: Literal["absolute", "rotary"] = "absolute"
+    rope_theta: float = 10000.0
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
@@ -153,9 +164,11 @@ class SineBertConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
-        # A saved sinebert config without position_scale predates it: its model added the sinusoid unscaled.
-        if config_dict.get("model_type") == cls.model_type and "position_scale" not in config_dict:
-            config_dict = {**config_dict, "position_scale": 1.0}
+        # A saved sinebert config without position_scale predates it: its model added the sinusoid unscaled; without
+        # position_embedding_type, it added the sinusoid (the only kind there was).
+        if config_dict.get("model_type") == cls.model_type:
+            predates = {"position_scale": 1.0, "position_embedding_type": "absolute"}
+            config_dict = {**{k: v for k, v in predates.items() if k not in config_dict}, **config_dict}
         return super().from_dict(config_dict, **kwargs)
 
     def _validate(self):
@@ -185,6 +198,18 @@ class SineBertConfig(PreTrainedConfig):
             raise ValueError(
                 f"classifier_pooling must be one of {CLASSIFIER_POOLINGS}, got {self.classifier_pooling!r}."
             )
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"position_embedding_type must be one of {POSITION_EMBEDDING_TYPES}, got "
+                f"{self.position_embedding_type!r}."
+            )
+        if self.position_embedding_type == "rotary" and (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(
+                f"Rotary positions turn pairs of each head's dimensions, but hidden_size={self.hidden_size} / "
+                f"num_attention_heads={self.num_attention_heads} gives an odd head size; choose an even one."
+            )
+        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 1:
+            raise ValueError(f"rope_theta must be a number greater than 1, got {self.rope_theta!r}.")
         if not isinstance(self.position_scale, (int, float)) or not self.position_scale >= 0:
             raise ValueError(f"position_scale must be a non-negative number, got {self.position_scale!r}.")
         if not self.layer_norm_eps > 0:

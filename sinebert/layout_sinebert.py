@@ -244,15 +244,17 @@ class LayerRows(NamedTuple):
     queries: QueryRows | None
 
     def attend(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
-               output_attentions: bool = False) -> torch.Tensor:
+               output_attentions: bool = False, positions: torch.Tensor | None = None) -> torch.Tensor:
         """The heads' outputs of `attention` (a SineBertAttention) before its output projection, `(rows, hidden)`:
         every row is a key and a value, and the rows of `queries` (all where None) are the queries. No kernel of a
-        padding-free batch returns weights, so `output_attentions` only makes the kernel say so."""
+        padding-free batch returns weights, so `output_attentions` only makes the kernel say so. `positions`: the
+        rows' tokens' positions (`TokenLayout.positions`), for rotary attention."""
         full = attention.layer_type == "full_attention"
         packed = self.tokens is not None and self.tokens.packing is not None
         if self.queries is not None and full and not packed:  # (packed: every row is a query, the rows read kept)
-            return self._attend_queries(attention, hidden_states, mask, output_attentions)
-        qkv = attention.qkv_proj(hidden_states)  # (n_real + fillers, 3 * hidden) or (batch, seq, 3 * hidden)
+            return self._attend_queries(attention, hidden_states, mask, output_attentions, positions)
+        # (n_real + fillers, 3 * hidden) or (batch, seq, 3 * hidden)
+        qkv = attention.rotate(attention.qkv_proj(hidden_states), positions)
         if self.tokens is None:
             output, _ = attention.attend_padded(qkv, mask, output_attentions)
         elif full and packed:
@@ -295,14 +297,17 @@ class LayerRows(NamedTuple):
         return torch.cat(parts) if parts else qkv.new_zeros(0, qkv.shape[-1] // 3)
 
     def _attend_queries(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
-                        output_attentions: bool) -> torch.Tensor:
+                        output_attentions: bool, positions: torch.Tensor | None) -> torch.Tensor:
         """Full attention with only the rows read as queries -> `(n_read, hidden)`: the query projection runs on
         those rows alone."""
         hidden, heads, head_dim = attention.out_proj.in_features, attention.num_heads, attention.head_dim
         weight, bias = attention.qkv_proj.weight, attention.qkv_proj.bias  # (3 * hidden, hidden): query, key, value
         query = torch.nn.functional.linear(self.read(hidden_states), weight[:hidden], bias[:hidden])  # (n_read, hidden)
-        query = self.queries.layout.pad(query)  # (batch, queries, hidden)
         key_value = torch.nn.functional.linear(hidden_states, weight[hidden:], bias[hidden:])  # every token
+        if positions is not None:
+            query = attention.rotate(query, positions.reshape(-1).index_select(0, self.queries.index), blocks=1)
+            key_value = attention.rotate(key_value, positions, blocks=1)  # the keys
+        query = self.queries.layout.pad(query)  # (batch, queries, hidden)
         if self.tokens is not None:
             key_value = self.tokens.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked
         batch, seq = key_value.shape[:2]
@@ -344,10 +349,14 @@ class TokenLayout:
     every position, drops tokens by masking them as keys, and selects the rows read after the last layer.
     """
 
-    def __init__(self, config, attention_mask, output_mask, kept_tokens, shape, device, dtype, output_hidden_states,
-                 packed: bool = False):
+    def __init__(self, config, attention_mask, output_mask, kept_tokens, position_ids, shape, device, dtype,
+                 output_hidden_states, packed: bool = False):
         """`packed`: full attention runs "varlen" (`attention_sinebert.packed_attention`); then every batch is
         packed, padded or not, so that what runs is what is reported."""
+        self.position_grid = None  # (batch, seq), which rotary attention reads
+        if config.position_embedding_type == "rotary":
+            grid = torch.arange(shape[1], device=device)[None] if position_ids is None else position_ids
+            self.position_grid = grid.expand(shape)
         fast = config._attn_implementation != "eager" and not is_tracing()
         multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
         self.masks = self._masks(config, attention_mask, shape[1], device)
@@ -427,6 +436,14 @@ class TokenLayout:
         tokens = self.kept_rows if index in self.dropping else self.tokens
         queries = self.queries if index == self.last_layer else None
         return None if tokens is None and queries is None else LayerRows(tokens, queries)
+
+    def positions(self, index: int) -> torch.Tensor | None:
+        """With rotary positions, those of the tokens whose rows layer `index` computes: the `(batch, seq)` grid of
+        the padded batch or `(rows,)`; else None."""
+        if self.position_grid is None:
+            return None
+        tokens = self.kept_rows if index in self.dropping else self.tokens
+        return self.position_grid if tokens is None else self.position_grid.reshape(-1).index_select(0, tokens.rows)
 
     def drop(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The states entering the first dropping layer -> its input: the kept tokens' rows on the fast path."""

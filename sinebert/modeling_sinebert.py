@@ -54,8 +54,23 @@ def sinusoidal_encoding(positions: torch.Tensor, dim: int) -> torch.Tensor:
     return encoding.to(torch.float32)
 
 
+def rotate_by_position(x: torch.Tensor, positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """Rotary positions (RoFormer, Su et al., 2021): x `(..., n * head_dim)`, n heads' queries or keys of tokens at
+    `positions` `(...)`, with each head's dimensions i and i + head_dim/2 turned by the angle position *
+    theta^(-2i/head_dim). A query and a key so turned have a dot product that depends on their positions' difference
+    only. Angles in float32 (not float64 as in `sinusoidal_encoding`: this runs every forward, on any device)."""
+    half = head_dim // 2
+    exponents = torch.arange(half, dtype=torch.float32, device=x.device) * (2 / head_dim)  # (half,)
+    angles = positions.to(torch.float32)[..., None] * torch.pow(theta, -exponents)  # (..., half)
+    cos, sin = (torch.cat([f(angles), f(angles)], -1)[..., None, :].to(x.dtype) for f in (torch.cos, torch.sin))
+    heads = x.unflatten(-1, (-1, head_dim))  # (..., n, head_dim); cos, sin: (..., 1, head_dim)
+    turned = torch.cat([-heads[..., half:], heads[..., :half]], -1)  # each pair (a, b) -> (-b, a)
+    return (heads * cos + turned * sin).flatten(-2)
+
+
 class SineBertEmbeddings(nn.Module):
-    """Word (+ token-type) embeddings plus the fixed sinusoidal encoding of `position_ids`, then LayerNorm."""
+    """Word (+ token-type) embeddings plus, with absolute positions, the fixed sinusoidal encoding of `position_ids`,
+    then LayerNorm."""
 
     def __init__(self, config: SineBertConfig):
         super().__init__()
@@ -65,6 +80,7 @@ class SineBertEmbeddings(nn.Module):
             nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
         )
         self.embedding_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
+        self.absolute_positions = config.position_embedding_type == "absolute"  # (rotary ones turn the attention's)
         self.segment_match = nn.Parameter(torch.zeros(config.hidden_size)) if config.cross_segment_match else None
         # One vector per letter case of `case_ids` (lower, capitalised, all capitals; see tokenization_sinebert).
         self.case_embeddings = nn.Parameter(torch.zeros(3, config.hidden_size)) if config.letter_case else None
@@ -122,8 +138,9 @@ class SineBertEmbeddings(nn.Module):
             _check_ids(case_ids, self.case_embeddings.shape[0], "case_ids", "letter case classes")
             inputs_embeds = inputs_embeds + F.embedding(case_ids, self.case_embeddings)  # as segment_match
         embeddings = inputs_embeds * self.embedding_scale
-        positions = self.position_encoding(position_ids, embeddings.shape[1]) * self.config.position_scale
-        embeddings = embeddings + positions.to(embeddings.dtype)
+        if self.absolute_positions:
+            positions = self.position_encoding(position_ids, embeddings.shape[1]) * self.config.position_scale
+            embeddings = embeddings + positions.to(embeddings.dtype)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 embeddings = embeddings + self.token_type_embeddings.weight[0]
@@ -198,6 +215,7 @@ class SineBertAttention(nn.Module):
         local = self.layer_type == "sliding_attention"
         self.sliding_window = config.sliding_window if local else None
         self.global_positions = tuple(config.global_attention_positions or ()) if local else ()
+        self.rope_theta = config.rope_theta if config.position_embedding_type == "rotary" else None
         self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
 
@@ -207,13 +225,26 @@ class SineBertAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         rows: "LayerRows | None" = None,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states: `(batch, seq, hidden)`, or on a padding-free batch the `(n_rows, hidden)` rows that `rows`
-        describes (see `layout_sinebert.py`), where only the rows it keeps come out."""
+        describes (see `layout_sinebert.py`), where only the rows it keeps come out. positions: with rotary
+        positions, each token's, `(batch, seq)` or `(n_rows,)`."""
         if rows is not None:
-            return self.out_proj(rows.attend(self, hidden_states, attention_mask, output_attentions)), None
-        output, weights = self.attend_padded(self.qkv_proj(hidden_states), attention_mask, output_attentions)
+            return self.out_proj(rows.attend(self, hidden_states, attention_mask, output_attentions, positions)), None
+        qkv = self.rotate(self.qkv_proj(hidden_states), positions)
+        output, weights = self.attend_padded(qkv, attention_mask, output_attentions)
         return self.out_proj(output), weights
+
+    def rotate(self, projected: torch.Tensor, positions: torch.Tensor | None, blocks: int = 2) -> torch.Tensor:
+        """projected: `(..., k * hidden)` projections of tokens at `positions` `(...)`, queries then keys then
+        values, or a part of them. With rotary positions the first `blocks` hidden-wide parts (queries and keys, or
+        one of them) come back turned by position (`rotate_by_position`); otherwise `projected` as it is."""
+        if self.rope_theta is None:
+            return projected
+        width = blocks * self.num_heads * self.head_dim
+        turned = rotate_by_position(projected[..., :width], positions, self.head_dim, self.rope_theta)
+        return turned if width == projected.shape[-1] else torch.cat([turned, projected[..., width:]], -1)
 
     def attend_padded(
         self, qkv: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False
@@ -309,13 +340,15 @@ class SineBertLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         rows: "LayerRows | None" = None,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: `(batch, seq, hidden)`, or the `(n_rows, hidden)` rows of a padding-free batch. Where `rows`
-        keeps only the rows a head reads (the last layer), the residual, norms and feed-forward network run on those
-        alone and the layer returns `(n_read, hidden)`."""
+        """hidden_states: `(batch, seq, hidden)`, or the `(n_rows, hidden)` rows of a padding-free batch (positions:
+        their tokens' positions, for rotary attention). Where `rows` keeps only the rows a head reads (the last
+        layer), the residual, norms and feed-forward network run on those alone and the layer returns
+        `(n_read, hidden)`."""
         attended, weights = self.attention(
             self.attention_norm(hidden_states) if self.pre_norm else hidden_states, attention_mask, output_attentions,
-            rows,
+            rows, positions,
         )
         if rows is not None:
             hidden_states = rows.read(hidden_states)
@@ -463,8 +496,8 @@ class SineBertModel(SineBertPreTrainedModel):
         # Where every row goes, decided once: padded batches drop their padding before the layers, except under the
         # eager reference, which computes every position as written (its outputs at padding are not zeros).
         device, dtype = inputs.device, self._compute_dtype(inputs.device)
-        layout = TokenLayout(self.config, attention_mask, output_mask, kept_tokens, inputs.shape[:2], device, dtype,
-                             output_hidden_states, self._packed(device, dtype))
+        layout = TokenLayout(self.config, attention_mask, output_mask, kept_tokens, position_ids, inputs.shape[:2],
+                             device, dtype, output_hidden_states, self._packed(device, dtype))
         hidden_states = layout.embed(self.embeddings, input_ids, token_type_ids, position_ids, inputs_embeds, case_ids)
         all_hidden_states, all_attentions, entered, dropping = [], [], None, layout.dropping
         for index, layer in enumerate(self.layers):
@@ -474,7 +507,8 @@ class SineBertModel(SineBertPreTrainedModel):
                 state = hidden_states if entered is None else layout.restore(entered, hidden_states)
                 all_hidden_states.append(layout.padded(state))
             mask = layout.mask(index, layer.attention.layer_type)
-            hidden_states, weights = layer(hidden_states, mask, output_attentions, layout.rows(index))
+            rows, positions = layout.rows(index), layout.positions(index)
+            hidden_states, weights = layer(hidden_states, mask, output_attentions, rows, positions)
             all_attentions.append(weights)
             if dropping and index == dropping[-1]:
                 hidden_states, entered = layout.restore(entered, hidden_states), None

@@ -22,7 +22,8 @@ HEADS = [SineBertModel, SineBertForMaskedLM, SineBertForSequenceClassification, 
          SineBertForQuestionAnswering]
 # The QA script's defaults (letter case, cross-segment matches) and long-input layers: each changes the graph.
 VARIANTS = {"default": {}, "qa features": {"letter_case": True, "cross_segment_match": True},
-            "sliding window": {"sliding_window": 4, "global_attn_every_n_layers": 2, "global_attention_positions": [0]}}
+            "sliding window": {"sliding_window": 4, "global_attn_every_n_layers": 2, "global_attention_positions": [0]},
+            "rotary positions": {"position_embedding_type": "rotary"}}
 
 
 def padded_batches(config):
@@ -57,10 +58,11 @@ def test_torch_export_equals_eager_on_new_padded_shapes(cls, variant):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cls", HEADS, ids=lambda cls: cls.__name__)
-def test_onnx_export_runs_in_onnxruntime_as_eager(cls, tmp_path):
+@pytest.mark.parametrize(("cls", "variant"), [(cls, "qa features") for cls in HEADS] +
+                         [(SineBertModel, "rotary positions")], ids=lambda x: getattr(x, "__name__", x))
+def test_onnx_export_runs_in_onnxruntime_as_eager(cls, variant, tmp_path):
     torch.manual_seed(0)
-    model = cls(tiny_config(num_labels=3, **VARIANTS["qa features"])).eval()
+    model = cls(tiny_config(num_labels=3, **VARIANTS[variant])).eval()
     session = onnxruntime.InferenceSession(str(export_onnx(model, tmp_path / "model.onnx")))
     assert [i.name for i in session.get_inputs()] == list(input_names(model.config))
     for inputs in padded_batches(model.config):

@@ -88,9 +88,10 @@ def _model_pair(cls, **overrides):
     return eager, fast
 
 
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("norm_placement", ["post", "pre"])
-def test_mixed_local_global_model_is_identical_through_eager_and_fast_paths(norm_placement):
-    eager, fast = _model_pair(SineBertForMaskedLM, norm_placement=norm_placement)
+def test_mixed_local_global_model_is_identical_through_eager_and_fast_paths(norm_placement, positions):
+    eager, fast = _model_pair(SineBertForMaskedLM, norm_placement=norm_placement, position_embedding_type=positions)
     assert eager.attention_kernels() == [
         "full_attention via eager",
         "sliding_attention(window=3, global=[0]) via eager",

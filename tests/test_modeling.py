@@ -48,8 +48,18 @@ def numpy_sinusoids(length: int, dim: int) -> np.ndarray:
     return table
 
 
-def numpy_attention(x, mask, w_qkv, b_qkv, w_out, b_out, heads):
-    """Multi-head attention from the formulas: x (batch, seq, d) float64, mask (batch, seq) of 1/0."""
+def numpy_rotary(t, positions, theta=10000.0):
+    """RoFormer's rotation written with complex numbers: t (batch, heads, seq, head_dim), positions (batch, seq); the
+    halves of each head are the real and imaginary parts of head_dim/2 numbers, pair k turned by pos * theta^(-2k/h)."""
+    half = t.shape[-1] // 2
+    turns = np.exp(1j * positions[:, None, :, None] * theta ** (-2 * np.arange(half) / t.shape[-1]))
+    z = (t[..., :half] + 1j * t[..., half:]) * turns
+    return np.concatenate([z.real, z.imag], axis=-1)
+
+
+def numpy_attention(x, mask, w_qkv, b_qkv, w_out, b_out, heads, positions=None):
+    """Multi-head attention from the formulas: x (batch, seq, d) float64, mask (batch, seq) of 1/0; with
+    `positions` (batch, seq), rotary positions."""
     batch, seq, dim = x.shape
     head_dim = dim // heads
     q, k, v = np.split(x @ w_qkv.T + b_qkv, 3, axis=-1)
@@ -58,6 +68,8 @@ def numpy_attention(x, mask, w_qkv, b_qkv, w_out, b_out, heads):
         return t.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
 
     q, k, v = split_heads(q), split_heads(k), split_heads(v)
+    if positions is not None:
+        q, k = numpy_rotary(q, positions), numpy_rotary(k, positions)
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)
     allowed = np.broadcast_to(mask[:, None, None, :].astype(bool), scores.shape)
     scores = np.where(allowed, scores, -np.inf)
@@ -106,6 +118,55 @@ def test_attention_matches_numpy(implementation, seed):
     )
     expected[0] = params["out_proj.bias"]  # zero attention output, then the output projection's bias
     np.testing.assert_allclose(ours.numpy(), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_rotary_attention_matches_numpy_at_any_positions(implementation):
+    rng = np.random.default_rng(0)
+    config = tiny_config(position_embedding_type="rotary")
+    config._attn_implementation = implementation
+    attention = SineBertAttention(config, 0).eval().double()
+    x = rng.standard_normal((2, 9, 32))
+    mask = np.ones((2, 9), dtype=np.int64)
+    mask[1, 6:] = 0
+    positions = np.stack([np.arange(9), np.array([0, 3, 4, 10, 11, 500, 2, 2, 7])])  # gaps, repeats, far
+    with torch.no_grad():
+        ours, _ = attention(torch.from_numpy(x), padding_mask(torch.from_numpy(mask)), positions=torch.tensor(positions))
+    params = {n: p.detach().numpy() for n, p in attention.named_parameters()}
+    expected = numpy_attention(x, mask, params["qkv_proj.weight"], params["qkv_proj.bias"],
+                               params["out_proj.weight"], params["out_proj.bias"], 4, positions)
+    np.testing.assert_allclose(ours.numpy(), expected, atol=1e-5)
+
+
+def test_rotary_positions_are_relative_and_absolute_ones_are_not():
+    """Shifting every position by the same amount leaves a rotary model's outputs as they were (scores depend on
+    distances only), and an absolute one's not; the order of the tokens matters to both."""
+    ids = torch.randint(5, 99, (2, 12))
+    shifted = torch.arange(12)[None] + 37
+    for kind, moves in (("rotary", False), ("absolute", True)):
+        torch.manual_seed(0)
+        # (mimetic: attention that is not uniform at the start, so that positions move the outputs visibly)
+        model = SineBertModel(tiny_config(position_embedding_type=kind, attention_init="mimetic")).eval()
+        with torch.no_grad():
+            base = model(input_ids=ids).last_hidden_state
+            moved = model(input_ids=ids, position_ids=shifted).last_hidden_state
+            swapped = model(input_ids=ids[:, [1, 0, *range(2, 12)]]).last_hidden_state
+        assert ((base - moved).abs().max() > 1e-3) == moves, kind
+        assert (base[:, 5] - swapped[:, 5]).abs().max() > 1e-4, kind  # token 5 sees 0 and 1 at other distances
+
+
+def test_rotary_model_adds_no_position_to_the_embeddings_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    model = SineBertForMaskedLM(tiny_config(position_embedding_type="rotary", rope_theta=500.0)).eval()
+    ids = torch.randint(5, 99, (1, 6))
+    embedded = model.sinebert.embeddings(input_ids=ids)
+    at_other_positions = model.sinebert.embeddings(input_ids=ids, position_ids=torch.arange(6)[None] + 9)
+    torch.testing.assert_close(embedded, at_other_positions)
+    model.save_pretrained(tmp_path)
+    loaded = SineBertForMaskedLM.from_pretrained(tmp_path).eval()
+    assert (loaded.config.position_embedding_type, loaded.config.rope_theta) == ("rotary", 500.0)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
 def test_attention_float32_matches_numpy_and_empty_rows_are_zero():
@@ -206,9 +267,10 @@ def _model_pair(cls, **overrides):
     return eager, sdpa
 
 
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("norm_placement", ["post", "pre"])
-def test_eager_equals_sdpa_on_padded_batches(norm_placement):
-    eager, sdpa = _model_pair(SineBertModel, norm_placement=norm_placement)
+def test_eager_equals_sdpa_on_padded_batches(norm_placement, positions):
+    eager, sdpa = _model_pair(SineBertModel, norm_placement=norm_placement, position_embedding_type=positions)
     ids = torch.randint(5, 99, (3, 17))
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0
@@ -239,9 +301,10 @@ def test_torch_compile_with_freezing_serves_padded_batches_of_new_lengths_as_the
                                        eager(input_ids=ids, attention_mask=mask).logits, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("cls", ALL_HEADS[1:])
-def test_unpadded_fast_path_matches_the_reference_in_every_head_and_its_gradients(cls):
-    eager, sdpa = _model_pair(cls, num_labels=3)
+def test_unpadded_fast_path_matches_the_reference_in_every_head_and_its_gradients(cls, positions):
+    eager, sdpa = _model_pair(cls, num_labels=3, position_embedding_type=positions)
     inputs = _inputs(batch=3, seq=10)
     inputs["attention_mask"][0, 4:] = 0
     real = inputs["attention_mask"].bool()
@@ -258,11 +321,14 @@ def test_unpadded_fast_path_matches_the_reference_in_every_head_and_its_gradient
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("norm_placement", ["post", "pre"])
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("cls", [SineBertForMaskedLM, SineBertForSequenceClassification])
-def test_last_layer_computes_only_the_rows_the_head_reads_and_matches_the_reference(cls, padded, norm_placement):
-    eager, sdpa = _model_pair(cls, num_labels=3, norm_placement=norm_placement, sparse_prediction=True)
+def test_last_layer_computes_only_the_rows_the_head_reads_and_matches_the_reference(cls, padded, norm_placement,
+                                                                                    positions):
+    eager, sdpa = _model_pair(cls, num_labels=3, norm_placement=norm_placement, sparse_prediction=True,
+                              position_embedding_type=positions)
     inputs = _inputs(batch=3, seq=10)
     if not padded:
         inputs["attention_mask"][:] = 1
@@ -329,15 +395,17 @@ def test_filler_rows_round_large_batches_up_and_are_dropped_when_the_batch_is_pa
     assert unpadded.with_fillers(rows[:20]).flatten().tolist()[20:] == [0.0] * 4
 
 
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize(("key_multiple", "row_multiple"), [(1, 1), (32, 16)])
 @pytest.mark.parametrize("cls", [SineBertModel, SineBertForMaskedLM, SineBertForSequenceClassification])
 def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls, key_multiple, row_multiple,
-                                                                             monkeypatch):
+                                                                             positions, monkeypatch):
     """Batches whose lengths differ enough run full attention in several buckets; outputs and gradients equal the
     eager reference's, with left padding, an empty row (the bare encoder), the last layer's rows read, and the
     buckets' keys and the rows rounded up as for bf16 on a CPU (here in float32, so that it is exact)."""
     monkeypatch.setattr("sinebert.layout_sinebert.unpadded_multiples", lambda *args: (key_multiple, row_multiple))
-    eager, sdpa = _model_pair(cls, num_labels=3, sparse_prediction=True, max_position_embeddings=128)
+    eager, sdpa = _model_pair(cls, num_labels=3, sparse_prediction=True, max_position_embeddings=128,
+                              position_embedding_type=positions)
     lengths = torch.tensor([96, 7, 64, 3, 90, 12, 40, 0 if cls is SineBertModel else 5])
     mask = (torch.arange(96) < lengths[:, None]).long()
     mask[1] = mask[1].flip(0)  # left padding
@@ -391,17 +459,18 @@ def _dropping_inputs(padded: bool) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.where(chosen, ids, -100)}
 
 
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize(("key_multiple", "row_multiple"), [(1, 1), (32, 16)])
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("norm_placement", ["post", "pre"])
 def test_token_dropping_matches_the_reference_and_its_gradients(norm_placement, padded, key_multiple, row_multiple,
-                                                                monkeypatch):
+                                                                positions, monkeypatch):
     """While the masked-LM head trains, layers 1 and 2 of 4 compute only the kept tokens, on the fast path as in
     the eager reference (the same draw of tokens), with and without padding and with rows and keys rounded up."""
     monkeypatch.setattr("sinebert.layout_sinebert.unpadded_multiples", lambda *args: (key_multiple, row_multiple))
     monkeypatch.setattr("sinebert.layout_sinebert.FILLED_MIN_ROWS", 1)
     overrides = dict(num_hidden_layers=4, sparse_prediction=True, norm_placement=norm_placement,
-                     token_dropping_layers=[1, 3], token_dropping_keep=0.4)
+                     token_dropping_layers=[1, 3], token_dropping_keep=0.4, position_embedding_type=positions)
     eager, sdpa = (model.train() for model in _model_pair(SineBertForMaskedLM, **overrides))
     inputs = _dropping_inputs(padded)
     rows = []
@@ -475,9 +544,10 @@ def test_kept_tokens_need_the_dropping_layers_and_real_tokens():
         model(**inputs, kept_tokens=inputs["attention_mask"].bool())
 
 
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("inputs_given", ["position_ids", "one_row_of_position_ids", "inputs_embeds", "case_ids"])
-def test_real_tokens_alone_are_embedded_as_the_reference_embeds_them_in_the_padded_batch(inputs_given):
-    eager, sdpa = _model_pair(SineBertModel, letter_case=inputs_given == "case_ids")
+def test_real_tokens_alone_are_embedded_as_the_reference_embeds_them_in_the_padded_batch(inputs_given, positions):
+    eager, sdpa = _model_pair(SineBertModel, letter_case=inputs_given == "case_ids", position_embedding_type=positions)
     inputs = _inputs(batch=2, seq=12)  # the second row is padded from position 6 on
     inputs["token_type_ids"] = (torch.arange(12) >= 4).long().expand(2, 12)
     if inputs_given == "position_ids":
@@ -579,12 +649,13 @@ def test_position_scale_defaults_match_word_vectors_and_older_checkpoints_load_a
     assert tiny_config(scale_embeddings=True).position_scale == 1.0  # the original Transformer's sum
     model = SineBertModel(tiny_config(position_scale=1.0)).eval()
     model.save_pretrained(tmp_path)
-    # A checkpoint saved before position_scale existed has no such key: it added the sinusoid unscaled.
+    # A checkpoint saved before position_scale (and position_embedding_type) existed has no such key: it added the
+    # sinusoid unscaled.
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps({k: v for k, v in json.loads(config_file.read_text()).items()
-                                       if k != "position_scale"}))
+                                       if k not in ("position_scale", "position_embedding_type")}))
     loaded = SineBertModel.from_pretrained(tmp_path).eval()
-    assert loaded.config.position_scale == 1.0
+    assert (loaded.config.position_scale, loaded.config.position_embedding_type) == (1.0, "absolute")
     inputs = _inputs()
     torch.testing.assert_close(_first_output(model, inputs), _first_output(loaded, inputs), atol=0, rtol=0)
     with pytest.raises(ValueError, match="position_scale must be a non-negative number"):
@@ -712,6 +783,9 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
         (dict(norm_placement="middle"), "middle"),
         (dict(classifier_pooling="max"), "max"),
         (dict(attention_init="identity"), "identity"),
+        (dict(position_embedding_type="relative_key"), "relative_key"),
+        (dict(position_embedding_type="rotary", hidden_size=36, num_attention_heads=4), "odd head size"),
+        (dict(position_embedding_type="rotary", rope_theta=1.0), "rope_theta"),
         (dict(hidden_act="swishy"), "swishy"),
         (dict(num_hidden_layers=0), "num_hidden_layers"),
         (dict(vocab_size=-5), "-5"),

@@ -69,9 +69,10 @@ def test_no_gpu_no_half_precision_no_varlen():
     assert not packed_attention("eager", cuda, torch.bfloat16, 0.0)
 
 
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("cls", [SineBertModel, SineBertForSequenceClassification])
-def test_packed_rows_equal_the_reference_and_its_gradients(cls, varlen_on_cpu):
-    eager, fast = _pair(cls, num_labels=3, classifier_pooling="mean")
+def test_packed_rows_equal_the_reference_and_its_gradients(cls, positions, varlen_on_cpu):
+    eager, fast = _pair(cls, num_labels=3, classifier_pooling="mean", position_embedding_type=positions)
     ids, mask = _batch([12, 3, 0, 7] if cls is SineBertModel else [12, 3, 5, 7])
     assert fast.attention_kernels() == ["full_attention via varlen"] * 2
     outputs = []
@@ -95,9 +96,10 @@ def test_a_batch_without_padding_is_packed_too_so_that_what_runs_is_what_is_repo
     assert varlen_on_cpu == [[12, 12], [12, 12]]
 
 
-def test_masked_lm_with_the_rows_read_and_token_dropping_on_packed_rows(varlen_on_cpu):
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
+def test_masked_lm_with_the_rows_read_and_token_dropping_on_packed_rows(positions, varlen_on_cpu):
     overrides = dict(num_hidden_layers=4, sparse_prediction=True, token_dropping_layers=[1, 3],
-                     token_dropping_keep=0.4)
+                     token_dropping_keep=0.4, position_embedding_type=positions)
     eager, fast = (model.train() for model in _pair(SineBertForMaskedLM, **overrides))
     ids, mask = _batch([12, 5, 9])
     chosen = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(2)) < 0.3) & mask.bool()
