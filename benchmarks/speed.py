@@ -59,7 +59,7 @@ SIZES = {"small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads
 VOCAB, BATCH, SEQ, MASKING = 16000, 32, 128, 0.15
 RECIPE = ROOT / "configs" / "cram" / "pretrain.yaml"
 RECIPE_SETTINGS = ("norm_placement", "scale_embeddings", "hidden_dropout_prob", "attention_probs_dropout_prob",
-                   "attention_init")
+                   "attention_init", "position_embedding_type")
 # sinebert also runs with token dropping, as `scripts/pretrain.py --token_dropping_layers 1 -1` trains: every layer
 # but the first and the last computes the masked tokens and half of the others.
 TOKEN_DROPPING = {"token_dropping_layers": [1, -1], "token_dropping_keep": 0.5}

@@ -61,10 +61,11 @@ class Plan:
 # The model is small on purpose: on 2 CPU cores a hidden-128, 4-layer encoder trains ~2.5x faster than a hidden-256
 # one, and the number of updates is what takes MLM past its first plateau (predicting word frequencies only).
 # Pre-LN is stable at 1e-3; scaled word embeddings (x sqrt(hidden), as in Vaswani et al. 2017) keep the token signal
-# from being drowned by the sinusoids, which are ~35x larger than 0.02-std embeddings at initialisation. Mimetic
-# attention (Trockman and Kolter, 2023) lets tokens attend to similar and nearby tokens from the first step.
+# strong. Mimetic attention (Trockman and Kolter, 2023) lets tokens attend to similar and nearby tokens from the first
+# step; rotary positions let attention see distances directly: 800 steps of the cram's schedule at this size on the
+# cram's text reached 23.6% held-out masked-token accuracy with them and 18.6% with added sinusoids (docs/SPEED.md).
 SMALL = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
-             norm_placement="pre", scale_embeddings=True, attention_init="mimetic")
+             norm_placement="pre", scale_embeddings=True, attention_init="mimetic", position_embedding_type="rotary")
 
 PLANS = {
     "smoke": Plan(

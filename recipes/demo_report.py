@@ -217,7 +217,8 @@ def model_description(size: dict) -> str:
              f"{size.get('norm_placement', 'post')}-LN"]
     if size.get("scale_embeddings"):
         parts.append("word embeddings scaled by sqrt(hidden)")
-    return ", ".join(parts + ["fixed sinusoidal positions"])
+    rotary = size.get("position_embedding_type") == "rotary"
+    return ", ".join(parts + ["rotary sinusoidal positions" if rotary else "fixed sinusoidal positions"])
 
 
 def report_markdown(plan, paths, summary: dict, figures: dict[str, Path]) -> str:

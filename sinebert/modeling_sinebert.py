@@ -62,10 +62,11 @@ def rotate_by_position(x: torch.Tensor, positions: torch.Tensor, head_dim: int, 
     half = head_dim // 2
     exponents = torch.arange(half, dtype=torch.float32, device=x.device) * (2 / head_dim)  # (half,)
     angles = positions.to(torch.float32)[..., None] * torch.pow(theta, -exponents)  # (..., half)
-    cos, sin = (torch.cat([f(angles), f(angles)], -1)[..., None, :].to(x.dtype) for f in (torch.cos, torch.sin))
-    heads = x.unflatten(-1, (-1, head_dim))  # (..., n, head_dim); cos, sin: (..., 1, head_dim)
-    turned = torch.cat([-heads[..., half:], heads[..., :half]], -1)  # each pair (a, b) -> (-b, a)
-    return (heads * cos + turned * sin).flatten(-2)
+    cos, sin = angles.cos(), angles.sin()
+    cos, sin = (torch.cat(pair, -1)[..., None, :].to(x.dtype) for pair in ((cos, cos), (-sin, sin)))  # (..., 1, h)
+    heads = x.unflatten(-1, (-1, head_dim))  # (..., n, head_dim)
+    # Each pair (a, b) -> (a cos - b sin, b cos + a sin): the halves swapped, times (-sin, sin), in one fused op.
+    return torch.addcmul(heads * cos, heads.roll(half, -1), sin).flatten(-2)
 
 
 class SineBertEmbeddings(nn.Module):

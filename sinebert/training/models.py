@@ -5,13 +5,13 @@ from pathlib import Path
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer
 
-from ..configuration_sinebert import ATTENTION_INITS, NORM_PLACEMENTS, SineBertConfig
+from ..configuration_sinebert import ATTENTION_INITS, NORM_PLACEMENTS, POSITION_EMBEDDING_TYPES, SineBertConfig
 from ..tokenization_sinebert import CASE_INPUT, with_case_ids, without_case_ids
 from .arguments import read_config_file
 from .errors import UserError, one_line
 
 SIZE_FLAGS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "norm_placement",
-              "scale_embeddings", "hidden_act", "attention_init")
+              "scale_embeddings", "hidden_act", "attention_init", "position_embedding_type")
 # Dropout is a training choice, not part of what a checkpoint learned: it applies over a checkpoint as well (the CPU
 # cram pretrains without dropout and fine-tunes with it).
 DROPOUT_FLAGS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
@@ -36,6 +36,9 @@ def add_size_arguments(parser):
     group.add_argument("--scale_embeddings", action="store_true", default=None)
     group.add_argument("--attention_init", choices=ATTENTION_INITS,
                        help="mimetic: attention starts by attending to similar and nearby tokens (SineBertConfig).")
+    group.add_argument("--position_embedding_type", choices=POSITION_EMBEDDING_TYPES,
+                       help="rotary: the sinusoids turn queries and keys instead of being added to the embeddings "
+                            "(SineBertConfig).")
     group = parser.add_argument_group("dropout and attention layout (from scratch or over a checkpoint)")
     group.add_argument("--hidden_dropout_prob", type=float)
     group.add_argument("--attention_probs_dropout_prob", type=float)
