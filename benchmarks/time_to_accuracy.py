@@ -106,14 +106,16 @@ def seconds_to_reach(curve: list, accuracy: float) -> float | None:
     return None
 
 
-def build(name: str, vocab: int, dims: dict, precision: str) -> torch.nn.Module:
+def build(name: str, vocab: int, dims: dict, precision: str, **overrides) -> torch.nn.Module:
+    """ModernBERT (`name` "modernbert") or sinebert with the cram's pretraining settings, token dropping for
+    "sinebert_dropping", and `overrides` of them."""
     torch.manual_seed(0)
     if name == "modernbert":
         attention = "eager" if precision == "bf16" else "sdpa"  # the faster in speed.py's rows here
         return speed.ModernBertForMaskedLM(speed.modernbert_config(dims, attention, vocab)).to(speed.DEVICE)
     extra = speed.TOKEN_DROPPING if name == "sinebert_dropping" else {}
-    config = SineBertConfig(**dims, vocab_size=vocab, max_position_embeddings=512, **speed.pretraining_settings(),
-                            **extra)
+    config = SineBertConfig(**dims, vocab_size=vocab, max_position_embeddings=512,
+                            **speed.pretraining_settings() | extra | overrides)
     return SineBertForMaskedLM(config).to(speed.DEVICE)
 
 
@@ -121,25 +123,50 @@ def blocks_of(lines: list[str], tokenizer, seq: int) -> list[list[int]]:
     return [block for block in pack_texts(lines, tokenizer, seq) if len(block) == seq]
 
 
-def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int,
-        seq: int = speed.SEQ, batch_size: int = speed.BATCH) -> dict:
-    tokenizer = train_wordpiece(train_lines, vocab_size=vocab)
-    train = blocks_of(train_lines, tokenizer, seq)
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()
-    collator = MaskingCollator(tokenizer, speed.MASKING, seed=0)
-    held = MaskingCollator(tokenizer, speed.MASKING, seed=1, epoch=None)(
-        [{"input_ids": b, "example_id": i} for i, b in enumerate(blocks_of(held_lines, tokenizer, seq)[:EVAL_BLOCKS])])
-    held = {key: value.to(speed.DEVICE) for key, value in held.items()}
-    per_epoch = len(train) // batch_size
+@dataclass
+class Batches:
+    """The text as every contender sees it: a WordPiece vocabulary trained on the training lines, their blocks in one
+    shuffled order with masks drawn per block and epoch, and EVAL_BLOCKS held-out blocks with fixed masks."""
 
-    def batch(step: int) -> dict:
+    vocab: int
+    train: list
+    held: dict
+    batch_size: int
+    collator: MaskingCollator
+    order: list = field(init=False)
+
+    def __post_init__(self):
+        self.order = torch.randperm(len(self.train), generator=torch.Generator().manual_seed(0)).tolist()
+
+    @classmethod
+    def of(cls, train_lines: list[str], held_lines: list[str], vocab: int, seq: int = speed.SEQ,
+           batch_size: int = speed.BATCH) -> "Batches":
+        tokenizer = train_wordpiece(train_lines, vocab_size=vocab)
+        blocks = blocks_of(held_lines, tokenizer, seq)[:EVAL_BLOCKS]
+        held = MaskingCollator(tokenizer, speed.MASKING, seed=1, epoch=None)(
+            [{"input_ids": b, "example_id": i} for i, b in enumerate(blocks)])
+        return cls(len(tokenizer), blocks_of(train_lines, tokenizer, seq),
+                   {key: value.to(speed.DEVICE) for key, value in held.items()}, batch_size,
+                   MaskingCollator(tokenizer, speed.MASKING, seed=0))
+
+    def __call__(self, step: int) -> dict:
         """Batch `step` of the shared order: each block keeps its own mask within an epoch, new ones the next."""
-        collator.set_epoch(step // per_epoch)
-        rows = order[(step % per_epoch) * batch_size:][:batch_size]
-        masked = collator([{"input_ids": train[i], "example_id": i} for i in rows])
+        per_epoch = len(self.train) // self.batch_size
+        self.collator.set_epoch(step // per_epoch)
+        rows = self.order[(step % per_epoch) * self.batch_size:][:self.batch_size]
+        masked = self.collator([{"input_ids": self.train[i], "example_id": i} for i in rows])
         return {key: value.to(speed.DEVICE) for key, value in masked.items()}
 
-    contenders = [Contender(name, build(name, len(tokenizer), dims, precision), 60 * minutes * share)
+    def report(self) -> dict:
+        return {"vocab": self.vocab, "seq": len(self.train[0]), "batch": self.batch_size,
+                "train_blocks": len(self.train), "held_out_blocks": len(self.held["input_ids"]),
+                "held_out_masked_tokens": int((self.held["labels"] != -100).sum())}
+
+
+def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int) -> dict:
+    batch = Batches.of(train_lines, held_lines, vocab)
+    held = batch.held
+    contenders = [Contender(name, build(name, batch.vocab, dims, precision), 60 * minutes * share)
                   for name, _, share in CONTENDERS]
     marks = {c.name: 0 for c in contenders}  # evaluations done
     while (contender := next_contender(contenders)) is not None:
@@ -154,9 +181,7 @@ def run(train_lines: list[str], held_lines: list[str], minutes: float, precision
         contender.curve.append((contender.seconds, contender.steps,
                                 speed.masked_accuracy(contender.model, held, precision)))
     return {
-        "minutes": minutes, "precision": precision, "dims": dims, "vocab": len(tokenizer), "seq": seq,
-        "batch": batch_size, "train_blocks": len(train), "held_out_blocks": len(held["input_ids"]),
-        "held_out_masked_tokens": int((held["labels"] != -100).sum()),
+        "minutes": minutes, "precision": precision, "dims": dims, **batch.report(),
         "curves": {c.name: {"budget_seconds": c.budget, "steps": c.steps, "points": c.curve} for c in contenders},
     }
 

@@ -52,18 +52,38 @@ def test_seconds_to_reach_interpolates_and_says_when_never():
 def test_a_tiny_run_spends_each_budget_and_reports_it(tmp_path):
     tta = load_benchmark()
     text = ROOT / "tests" / "fixtures" / "sotu.txt"
-    tta.main(["--tiny", "--minutes", "0.02", "--train_file", str(text), "--output_dir", str(tmp_path)])
+    # 6 s for ModernBERT, 3 for each sinebert
+    tta.main(["--tiny", "--minutes", "0.1", "--train_file", str(text), "--output_dir", str(tmp_path)])
     report = json.loads((tmp_path / "time_to_accuracy.json").read_text())
-    budgets = {name: 1.2 * share for name, _, share in tta.CONTENDERS}
+    budgets = {name: 6 * share for name, _, share in tta.CONTENDERS}
     for name, curve in report["curves"].items():
         points = curve["points"]
         assert curve["budget_seconds"] == pytest.approx(budgets[name])
-        assert len(points) == tta.EVALUATIONS + 1 and points[0][:2] == [0.0, 0]
+        # One evaluation per tenth of the budget and one at its end; a first step slower than a tenth (one-time set-up
+        # on a busy machine) passes marks without one.
+        assert 3 <= len(points) <= tta.EVALUATIONS + 1 and points[0][:2] == [0.0, 0]
         assert [p[0] for p in points] == sorted(p[0] for p in points)
         assert points[-1][0] >= curve["budget_seconds"] and points[-1][1] == curve["steps"] > 0
     verdict = report["verdict"]
     assert verdict["modernbert_accuracy"] == report["curves"]["modernbert"]["points"][-1][2]
     assert verdict["sinebert_meets_target"] == (verdict["sinebert_accuracy"] >= verdict["modernbert_accuracy"])
     table = (tmp_path / "time_to_accuracy.md").read_text()
-    assert "| sinebert, token dropping | 0.01 |" in table and "| 100% |" in table
+    assert "| sinebert, token dropping | 0.05 |" in table and "| 0% |" in table
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 0
+
+
+def test_per_step_learning_trains_every_contender_the_same_steps_and_reports_each_quarter(tmp_path):
+    path = ROOT / "benchmarks" / "per_step_learning.py"
+    spec = importlib.util.spec_from_file_location("benchmark_per_step_learning", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    text = ROOT / "tests" / "fixtures" / "sotu.txt"
+    benchmark.main(["--tiny", "--steps", "8", "--train_file", str(text), "--output_dir", str(tmp_path)])
+    report = json.loads((tmp_path / "per_step_learning.json").read_text())
+    assert [run["model"] for run in report["runs"]] == [label for label, _, _ in benchmark.CONTENDERS]
+    for run in report["runs"]:
+        assert [step for step, _ in run["accuracy"]] == [0, 2, 4, 6, 8]
+        assert run["accuracy"][-1][1] != run["accuracy"][0][1]  # it trained
+        assert run["seconds_per_step"] > 0
+    table = (tmp_path / "per_step_learning.md").read_text()
+    assert "| 32 | sinebert, rotary positions |" in table and "step 8" in table

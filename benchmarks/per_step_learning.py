@@ -1,0 +1,112 @@
+"""What a step learns, apart from how long it takes: held-out masked-token accuracy after the same number of steps.
+
+    python benchmarks/per_step_learning.py                 # 800 steps, hidden 256 and 128: about 30 minutes
+    python benchmarks/per_step_learning.py --steps 200 --hidden 256
+    python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # seconds
+
+sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and with the
+sinusoids added to the embeddings instead, and transformers' ModernBERT as benchmarks/speed.py builds it, each at 4
+layers of `--hidden` width (4 heads, feed-forward 4 x hidden), from scratch on the cram's pretraining text: the same
+batches and masks in the same order (benchmarks/time_to_accuracy.py's), the cram's optimizer and its schedule
+(warmup, then linear decay to 0) over `--steps` steps. Held-out accuracy on the cram's held-out lines every quarter
+of the steps; seconds per step beside it (the models run one after another, so those are noisier than speed.py's).
+Writes benchmarks/results/per_step_learning.{json,md}.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import speed  # noqa: E402
+from benchmarks import time_to_accuracy as tta  # noqa: E402
+from sinebert.training.loop import cpu_has_native_bf16  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+# (label, time_to_accuracy.build name, overrides of the cram's settings)
+CONTENDERS = (("sinebert, rotary positions", "sinebert", {"position_embedding_type": "rotary"}),
+              ("sinebert, added sinusoids", "sinebert", {"position_embedding_type": "absolute"}),
+              ("ModernBERT", "modernbert", {}))
+QUARTERS = 4
+
+
+def dims_at(hidden: int) -> dict:
+    return dict(hidden_size=hidden, num_hidden_layers=4, num_attention_heads=4, intermediate_size=4 * hidden)
+
+
+def train(model: torch.nn.Module, batches: tta.Batches, steps: int, precision: str) -> dict:
+    """`steps` steps of the cram's schedule; accuracy (%) at each quarter and the median seconds of a step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, betas=tta.BETAS, weight_decay=tta.WEIGHT_DECAY,
+                                  fused=True)
+    accuracy, seconds = [], []
+    for step in range(steps + 1):
+        if step % max(1, steps // QUARTERS) == 0 or step == steps:
+            accuracy.append((step, round(100 * speed.masked_accuracy(model, batches.held, precision), 1)))
+        if step == steps:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = tta.learning_rate(step / steps)
+        model.train()
+        batch = batches(step)
+        seconds.append(speed.seconds_of(lambda: speed.train_step(model, optimizer, batch, precision,
+                                                                 tta.MAX_GRAD_NORM)))
+    return {"accuracy": accuracy, "seconds_per_step": statistics.median(seconds)}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"Per-step learning on {report['text']}, {report['date']}, {report['machine']}, {report['precision']}; "
+             f"{report['steps']} steps of the cram's schedule, batches of {report['batch']} x {report['seq']}, "
+             f"held-out accuracy on {report['held_out_masked_tokens']:,} masked tokens. Command: "
+             f"`{report['command']}`.", "",
+             "| hidden | model | " + " | ".join(f"step {s}" for s, _ in report["runs"][0]["accuracy"]) +
+             " | seconds per step |", "|---|---|" + "---|" * (len(report["runs"][0]["accuracy"]) + 1)]
+    for run in report["runs"]:
+        cells = " | ".join(f"{a:.1f}" for _, a in run["accuracy"])
+        lines.append(f"| {run['hidden']} | {run['model']} | {cells} | {run['seconds_per_step']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 128])
+    parser.add_argument("--work_dir", default=None, help="Where the cram's text is prepared (a temporary folder).")
+    parser.add_argument("--train_file", help="Lines of text to train on instead of the cram's (also held out).")
+    parser.add_argument("--tiny", action="store_true", help="Hidden 32 and a 500-token vocabulary: checks it runs.")
+    parser.add_argument("--output_dir", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    precision = "bf16" if speed.DEVICE.type == "cuda" or cpu_has_native_bf16() else "fp32"
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.train_file:
+            train_lines = held_lines = tta.nonblank_lines(Path(args.train_file))
+            text = Path(args.train_file).name
+        else:
+            train_lines, held_lines = tta.cram_text(Path(args.work_dir or scratch))
+            text = "the cram's pretraining text"
+        batches = tta.Batches.of(train_lines, held_lines, 500 if args.tiny else speed.VOCAB)
+    runs = []
+    for hidden in [32] if args.tiny else args.hidden:
+        for label, name, overrides in CONTENDERS:
+            model = tta.build(name, batches.vocab, dims_at(hidden), precision, **overrides)
+            runs.append({"hidden": hidden, "model": label, **train(model, batches, args.steps, precision)})
+            print(json.dumps(runs[-1]), flush=True)
+    report = {"text": text, "steps": args.steps, "precision": precision, **batches.report(), "runs": runs,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),
+              "command": "python benchmarks/per_step_learning.py " + " ".join(argv or sys.argv[1:])}
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "per_step_learning.json").write_text(json.dumps(report, indent=1) + "\n")
+    (output / "per_step_learning.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
