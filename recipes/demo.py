@@ -63,7 +63,8 @@ class Plan:
 # Pre-LN is stable at 1e-3; scaled word embeddings (x sqrt(hidden), as in Vaswani et al. 2017) keep the token signal
 # strong. Mimetic attention (Trockman and Kolter, 2023) lets tokens attend to similar and nearby tokens from the first
 # step; rotary positions let attention see distances directly: 800 steps of the cram's schedule at this size on the
-# cram's text reached 23.6% held-out masked-token accuracy with them and 18.6% with added sinusoids (docs/SPEED.md).
+# cram's text reached 21.8% held-out masked-token accuracy with them and 17.3% with added sinusoids
+# (benchmarks/per_step_learning.py, docs/SPEED.md).
 SMALL = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
              norm_placement="pre", scale_embeddings=True, attention_init="mimetic", position_embedding_type="rotary")
 

@@ -68,11 +68,12 @@ class SineBertConfig(PreTrainedConfig):
             adding positions, as in the original Transformer, so that the sinusoids (entries in [-1, 1]) do not
             drown the small initial word embeddings.
         position_scale (`float`, *optional*): Factor of the sinusoidal encoding where it is added to the word
-            embeddings (absolute positions only). By default sqrt(2) * `initializer_range`, so that at initialisation a position row has the
-            norm of a word-embedding row (a sinusoid row has norm sqrt(hidden_size / 2)), as BERT's learned position
-            embeddings do; unscaled, a sinusoid is 35 times a word vector and after the embedding LayerNorm the
-            model barely sees which token it reads. With `scale_embeddings` the default is 1, the original
-            Transformer's. Configs saved before this setting existed load with 1, as they were trained.
+            embeddings (absolute positions only). By default sqrt(2) * `initializer_range`, so that at initialisation
+            a position row has the norm of a word-embedding row (a sinusoid row has norm sqrt(hidden_size / 2)), as
+            BERT's learned position embeddings do; unscaled, a sinusoid is 35 times a word vector and after the
+            embedding LayerNorm the model barely sees which token it reads. With `scale_embeddings` the default is
+            1, the original Transformer's. Configs saved before this setting existed load with 1, as they were
+            trained.
         attention_init (`str`, defaults to `"normal"`): How a model trained from scratch initialises its attention
             projections. `"normal"` draws them like every other weight (normal, `initializer_range`); `"mimetic"`
             sets, in each layer, every head's query-key product W_q W_k^T to the rank-head_dim part of 0.7 Z + 0.7 I
@@ -164,11 +165,9 @@ class SineBertConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
-        # A saved sinebert config without position_scale predates it: its model added the sinusoid unscaled; without
-        # position_embedding_type, it added the sinusoid (the only kind there was).
-        if config_dict.get("model_type") == cls.model_type:
-            predates = {"position_scale": 1.0, "position_embedding_type": "absolute"}
-            config_dict = {**{k: v for k, v in predates.items() if k not in config_dict}, **config_dict}
+        # A saved sinebert config without position_scale predates it: its model added the sinusoid unscaled.
+        if config_dict.get("model_type") == cls.model_type and "position_scale" not in config_dict:
+            config_dict = {**config_dict, "position_scale": 1.0}
         return super().from_dict(config_dict, **kwargs)
 
     def _validate(self):
@@ -208,7 +207,8 @@ class SineBertConfig(PreTrainedConfig):
                 f"Rotary positions turn pairs of each head's dimensions, but hidden_size={self.hidden_size} / "
                 f"num_attention_heads={self.num_attention_heads} gives an odd head size; choose an even one."
             )
-        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 1:
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 1:
             raise ValueError(f"rope_theta must be a number greater than 1, got {self.rope_theta!r}.")
         if not isinstance(self.position_scale, (int, float)) or not self.position_scale >= 0:
             raise ValueError(f"position_scale must be a non-negative number, got {self.position_scale!r}.")

@@ -131,7 +131,8 @@ def test_rotary_attention_matches_numpy_at_any_positions(implementation):
     mask[1, 6:] = 0
     positions = np.stack([np.arange(9), np.array([0, 3, 4, 10, 11, 500, 2, 2, 7])])  # gaps, repeats, far
     with torch.no_grad():
-        ours, _ = attention(torch.from_numpy(x), padding_mask(torch.from_numpy(mask)), positions=torch.tensor(positions))
+        ours, _ = attention(torch.from_numpy(x), padding_mask(torch.from_numpy(mask)),
+                            positions=torch.tensor(positions))
     params = {n: p.detach().numpy() for n, p in attention.named_parameters()}
     expected = numpy_attention(x, mask, params["qkv_proj.weight"], params["qkv_proj.bias"],
                                params["out_proj.weight"], params["out_proj.bias"], 4, positions)
