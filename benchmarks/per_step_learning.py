@@ -2,7 +2,7 @@
 
     python benchmarks/per_step_learning.py                 # 800 steps, hidden 256 and 128: about 30 minutes
     python benchmarks/per_step_learning.py --steps 200 --hidden 256
-    python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # seconds
+    python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # a minute
 
 sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and with the
 sinusoids added to the embeddings instead, and transformers' ModernBERT as benchmarks/speed.py builds it, each at 4
@@ -17,7 +17,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +27,6 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import speed  # noqa: E402
 from benchmarks import time_to_accuracy as tta  # noqa: E402
-from sinebert.training.loop import cpu_has_native_bf16  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 # (label, time_to_accuracy.build name, overrides of the cram's settings)
@@ -78,20 +76,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 128])
-    parser.add_argument("--work_dir", default=None, help="Where the cram's text is prepared (a temporary folder).")
-    parser.add_argument("--train_file", help="Lines of text to train on instead of the cram's (also held out).")
     parser.add_argument("--tiny", action="store_true", help="Hidden 32 and a 500-token vocabulary: checks it runs.")
-    parser.add_argument("--output_dir", default=str(RESULTS))
+    tta.add_text_arguments(parser)
     args = parser.parse_args(argv)
-    precision = "bf16" if speed.DEVICE.type == "cuda" or cpu_has_native_bf16() else "fp32"
-    with tempfile.TemporaryDirectory() as scratch:
-        if args.train_file:
-            train_lines = held_lines = tta.nonblank_lines(Path(args.train_file))
-            text = Path(args.train_file).name
-        else:
-            train_lines, held_lines = tta.cram_text(Path(args.work_dir or scratch))
-            text = "the cram's pretraining text"
-        batches = tta.Batches.of(train_lines, held_lines, 500 if args.tiny else speed.VOCAB)
+    precision = tta.precision_here()
+    train_lines, held_lines, text = tta.text_of(args)
+    batches = tta.Batches.of(train_lines, held_lines, 500 if args.tiny else speed.VOCAB)
     runs = []
     for hidden in [32] if args.tiny else args.hidden:
         for label, name, overrides in CONTENDERS:

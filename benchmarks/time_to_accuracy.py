@@ -268,26 +268,37 @@ def nonblank_lines(path: Path) -> list[str]:
     return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def add_text_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("--work_dir", default=None, help="Where the cram's text is prepared (a temporary folder).")
+    parser.add_argument("--train_file", help="Lines of text to train on instead of the cram's (with --held_out_file).")
+    parser.add_argument("--held_out_file", help="Held-out lines for --train_file (by default its own lines).")
+    parser.add_argument("--output_dir", default=str(RESULTS))
+
+
+def text_of(args: argparse.Namespace) -> tuple[list[str], list[str], str]:
+    """The training lines, the held-out lines and their name: --train_file's, or the cram's (prepared in
+    --work_dir, else in a temporary folder)."""
+    if args.train_file:
+        held = args.held_out_file or args.train_file
+        return nonblank_lines(Path(args.train_file)), nonblank_lines(Path(held)), Path(args.train_file).name
+    with tempfile.TemporaryDirectory() as scratch:
+        return *cram_text(Path(args.work_dir or scratch)), "the cram's pretraining text"
+
+
+def precision_here() -> str:
+    return "bf16" if speed.DEVICE.type == "cuda" or cpu_has_native_bf16() else "fp32"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=20.0, help="ModernBERT's budget; sinebert gets half.")
-    parser.add_argument("--work_dir", default=None, help="Where the cram's text is prepared (a temporary folder).")
-    parser.add_argument("--train_file", help="Lines of text to train on instead of the cram's (with --held_out_file).")
-    parser.add_argument("--held_out_file")
     parser.add_argument("--tiny", action="store_true", help="Tiny models and vocabulary: checks that it runs.")
-    parser.add_argument("--output_dir", default=str(RESULTS))
+    add_text_arguments(parser)
     args = parser.parse_args(argv)
-    precision = "bf16" if speed.DEVICE.type == "cuda" or cpu_has_native_bf16() else "fp32"
-    with tempfile.TemporaryDirectory() as scratch:
-        if args.train_file:
-            train_lines = nonblank_lines(Path(args.train_file))
-            held_lines = nonblank_lines(Path(args.held_out_file or args.train_file))
-            text = Path(args.train_file).name
-        else:
-            train_lines, held_lines = cram_text(Path(args.work_dir or scratch))
-            text = "the cram's pretraining text"
-        dims = TINY if args.tiny else speed.SIZES["small"]
-        report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB)
+    precision = precision_here()
+    train_lines, held_lines, text = text_of(args)
+    dims = TINY if args.tiny else speed.SIZES["small"]
+    report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB)
     report |= {"text": text, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),
                "torch": torch.__version__, "platform": platform.platform(),
                "command": "python benchmarks/time_to_accuracy.py " + " ".join(argv or sys.argv[1:])}
