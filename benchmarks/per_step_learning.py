@@ -1,6 +1,6 @@
 """What a step learns, apart from how long it takes: held-out masked-token accuracy after the same number of steps.
 
-    python benchmarks/per_step_learning.py                 # 800 steps, hidden 256 and 128: about 30 minutes
+    python benchmarks/per_step_learning.py                 # 800 steps, hidden 256 and 128: about 25 minutes
     python benchmarks/per_step_learning.py --steps 200 --hidden 256
     python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # a minute
 
@@ -28,7 +28,6 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import speed  # noqa: E402
 from benchmarks import time_to_accuracy as tta  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 # (label, time_to_accuracy.build name, overrides of the cram's settings)
 CONTENDERS = (("sinebert, rotary positions", "sinebert", {"position_embedding_type": "rotary"}),
               ("sinebert, added sinusoids", "sinebert", {"position_embedding_type": "absolute"}),
