@@ -164,24 +164,23 @@ class Batches:
 
 
 def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int) -> dict:
-    batch = Batches.of(train_lines, held_lines, vocab)
-    held = batch.held
-    contenders = [Contender(name, build(name, batch.vocab, dims, precision), 60 * minutes * share)
+    batches = Batches.of(train_lines, held_lines, vocab)
+    contenders = [Contender(name, build(name, batches.vocab, dims, precision), 60 * minutes * share)
                   for name, _, share in CONTENDERS]
     marks = {c.name: 0 for c in contenders}  # evaluations done
     while (contender := next_contender(contenders)) is not None:
         if contender.share >= marks[contender.name] / EVALUATIONS:
-            accuracy = speed.masked_accuracy(contender.model, held, precision)
+            accuracy = speed.masked_accuracy(contender.model, batches.held, precision)
             contender.curve.append((contender.seconds, contender.steps, accuracy))
             marks[contender.name] += 1
             print(f"  {contender.name}: {contender.seconds:6.0f} s, step {contender.steps}, {100 * accuracy:.1f}%",
                   flush=True)
-        train_step(contender, batch(contender.steps), precision)
+        train_step(contender, batches(contender.steps), precision)
     for contender in contenders:  # the end of each budget
         contender.curve.append((contender.seconds, contender.steps,
-                                speed.masked_accuracy(contender.model, held, precision)))
+                                speed.masked_accuracy(contender.model, batches.held, precision)))
     return {
-        "minutes": minutes, "precision": precision, "dims": dims, **batch.report(),
+        "minutes": minutes, "precision": precision, "dims": dims, **batches.report(),
         "curves": {c.name: {"budget_seconds": c.budget, "steps": c.steps, "points": c.curve} for c in contenders},
     }
 
