@@ -2,10 +2,13 @@
 
     python benchmarks/per_step_learning.py                 # 800 steps, hidden 256 and 128: about 25 minutes
     python benchmarks/per_step_learning.py --steps 200 --hidden 256
+    python benchmarks/per_step_learning.py --hidden 256 --contenders dropping dropping_loss   # token dropping's policies
     python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # a minute
 
-sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and with the
-sinusoids added to the embeddings instead, and transformers' ModernBERT as benchmarks/speed.py builds it, each at 4
+By default sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and
+with the sinusoids added to the embeddings instead, and transformers' ModernBERT as benchmarks/speed.py builds it;
+`--contenders` adds sinebert with token dropping as speed.py runs it, keeping a random share of the unmasked tokens
+or those of the highest running loss (`token_dropping_policy`). Each at 4
 layers of `--hidden` width (4 heads, feed-forward 4 x hidden), from scratch on the cram's pretraining text: the same
 batches and masks in the same order (benchmarks/time_to_accuracy.py's), the cram's optimizer and its schedule
 (warmup, then linear decay to 0) over `--steps` steps. Held-out accuracy on the cram's held-out lines every quarter
@@ -28,10 +31,15 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import speed  # noqa: E402
 from benchmarks import time_to_accuracy as tta  # noqa: E402
 
-# (label, time_to_accuracy.build name, overrides of the cram's settings)
-CONTENDERS = (("sinebert, rotary positions", "sinebert", {"position_embedding_type": "rotary"}),
-              ("sinebert, added sinusoids", "sinebert", {"position_embedding_type": "absolute"}),
-              ("ModernBERT", "modernbert", {}))
+# key: (label, time_to_accuracy.build name, overrides of the cram's settings)
+CONTENDERS = {
+    "rotary": ("sinebert, rotary positions", "sinebert", {"position_embedding_type": "rotary"}),
+    "absolute": ("sinebert, added sinusoids", "sinebert", {"position_embedding_type": "absolute"}),
+    "modernbert": ("ModernBERT", "modernbert", {}),
+    "dropping": ("sinebert, token dropping (random)", "sinebert_dropping", {"token_dropping_policy": "random"}),
+    "dropping_loss": ("sinebert, token dropping (by loss)", "sinebert_dropping", {"token_dropping_policy": "loss"}),
+}
+DEFAULT_CONTENDERS = ("rotary", "absolute", "modernbert")
 QUARTERS = 4
 
 
@@ -75,6 +83,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 128])
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=DEFAULT_CONTENDERS,
+                        help="Which models to train, one after another (default: %(default)s).")
     parser.add_argument("--tiny", action="store_true", help="Hidden 32 and a 500-token vocabulary: checks it runs.")
     tta.add_text_arguments(parser)
     args = parser.parse_args(argv)
@@ -83,7 +93,7 @@ def main(argv=None):
     batches = tta.Batches.of(train_lines, held_lines, 500 if args.tiny else speed.VOCAB)
     runs = []
     for hidden in [32] if args.tiny else args.hidden:
-        for label, name, overrides in CONTENDERS:
+        for label, name, overrides in (CONTENDERS[key] for key in args.contenders):
             model = tta.build(name, batches.vocab, dims_at(hidden), precision, **overrides)
             runs.append({"hidden": hidden, "model": label, **train(model, batches, args.steps, precision)})
             print(json.dumps(runs[-1]), flush=True)

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 import sinebert  # noqa: F401  (registers the Auto classes)
+from sinebert.configuration_sinebert import TOKEN_DROPPING_POLICIES
 from sinebert.training.arguments import (
     ArgumentParser,
     add_data_arguments,
@@ -87,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     group.add_argument("--token_dropping_keep", type=float,
                        help="With --token_dropping_layers: the share of each block those layers compute (0.5).")
+    group.add_argument("--token_dropping_policy", choices=TOKEN_DROPPING_POLICIES,
+                       help="With --token_dropping_layers: which unmasked tokens they keep, those whose token id has "
+                            "the highest running masked-LM loss (loss, the default) or drawn at random.")
     group.add_argument(
         "--init_word_embeddings", metavar="PATH",
         help="Start from scratch with these word embeddings (scripts/train_word_embeddings.py, same tokenizer): "
@@ -180,11 +184,12 @@ def main(argv=None):
     tokenizer = load_tokenizer(args)
     reshape = mixed_lengths(args, tokenizer.pad_token_id)
     model = build_model(args, tokenizer)
-    if args.token_dropping_keep is not None and model.config.token_dropping_layers is None:
-        raise SharedUserError(
-            f"--token_dropping_keep {args.token_dropping_keep} needs --token_dropping_layers (or a checkpoint that "
-            "has them), the layers that compute only that share of the tokens."
-        )
+    for flag in ("token_dropping_keep", "token_dropping_policy"):
+        if getattr(args, flag) is not None and model.config.token_dropping_layers is None:
+            raise SharedUserError(
+                f"--{flag} {getattr(args, flag)} needs --token_dropping_layers (or a checkpoint that has them), the "
+                "layers that compute only a share of the tokens."
+            )
     if model.config.letter_case:
         raise SharedUserError(
             "Pretraining cannot give the model letter case: it packs token ids without the text that case_ids come "

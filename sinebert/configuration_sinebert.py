@@ -21,6 +21,7 @@ SINEBERT_AUTO_MAP = {
 NORM_PLACEMENTS = ("post", "pre")
 ATTENTION_INITS = ("normal", "mimetic")
 POSITION_EMBEDDING_TYPES = ("absolute", "rotary")
+TOKEN_DROPPING_POLICIES = ("random", "loss")
 CLASSIFIER_POOLINGS = ("cls", "mean")
 
 
@@ -118,8 +119,12 @@ class SineBertConfig(PreTrainedConfig):
             have full attention (a window counts positions, which dropping shifts). `None` (the default) drops no
             tokens. Evaluation, inference and the other heads always compute every token in every layer.
         token_dropping_keep (`float`, defaults to 0.5): With `token_dropping_layers`, the share of each sequence's
-            tokens those layers compute, in (0, 1]: every token with a label and, drawn at random, as many others as
-            make up the share.
+            tokens those layers compute, in (0, 1]: every token with a label and as many others as make up the share.
+        token_dropping_policy (`str`, defaults to `"loss"`): Which of the unlabelled tokens token dropping keeps.
+            `"loss"` (Hou et al.'s importance): those whose vocabulary id has the highest running masked-LM loss
+            (`SineBertForMaskedLM.token_loss`, a buffer saved with the weights), ids never predicted yet (the special
+            tokens among them) first, ties in random order. `"random"`: drawn at random (what a saved config without
+            this field did).
     """
 
     model_type = "sinebert"
@@ -154,6 +159,7 @@ class SineBertConfig(PreTrainedConfig):
     letter_case: bool = False
     token_dropping_layers: list[int] | None = None
     token_dropping_keep: float = 0.5
+    token_dropping_policy: Literal["random", "loss"] = "loss"
 
     def __post_init__(self, **kwargs):
         if self.position_scale is None:
@@ -165,9 +171,10 @@ class SineBertConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
-        # A saved sinebert config without position_scale predates it: its model added the sinusoid unscaled.
-        if config_dict.get("model_type") == cls.model_type and "position_scale" not in config_dict:
-            config_dict = {**config_dict, "position_scale": 1.0}
+        # A saved sinebert config without one of these fields predates it: its model added the sinusoid unscaled,
+        # and its token dropping kept a random share.
+        if config_dict.get("model_type") == cls.model_type:
+            config_dict = {"position_scale": 1.0, "token_dropping_policy": "random", **config_dict}
         return super().from_dict(config_dict, **kwargs)
 
     def _validate(self):
@@ -230,6 +237,9 @@ class SineBertConfig(PreTrainedConfig):
         layers, keep = self.token_dropping_layers, self.token_dropping_keep
         if not isinstance(keep, (int, float)) or isinstance(keep, bool) or not 0.0 < keep <= 1.0:
             raise ValueError(f"token_dropping_keep must be in (0, 1], got {keep!r}.")
+        if self.token_dropping_policy not in TOKEN_DROPPING_POLICIES:
+            raise ValueError(f"token_dropping_policy must be one of {TOKEN_DROPPING_POLICIES}, got "
+                             f"{self.token_dropping_policy!r}.")
         if layers is None:
             return
         valid = isinstance(layers, (list, tuple)) and len(layers) == 2 and all(_is_int(i) for i in layers)

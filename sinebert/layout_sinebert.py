@@ -14,9 +14,11 @@ exported (`torch.export`, `torch.onnx.export`) takes that padded path with its i
 rows of a batch depend on its values and an exported graph may depend only on its shapes.
 """
 
+import math
 from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from .attention_sinebert import (
     MATMUL_KEY_MULTIPLE,
@@ -40,6 +42,10 @@ MAX_BUCKETS = 4
 # cost up to a fifth more time (20 rows rounded up to 32).
 CPU_BF16_ROW_MULTIPLE = 16
 FILLED_MIN_ROWS = 256
+
+# The weight of a token id's running loss against its mean in the latest batch (token dropping by loss): about ten
+# batches that predict the id make up its value, so it follows the loss as training lowers it. Not tuned.
+TOKEN_LOSS_DECAY = 0.9
 
 
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -317,17 +323,48 @@ class LayerRows(NamedTuple):
         return self.queries.layout.unpad(output).flatten(1)
 
 
-def tokens_to_keep(predicted: torch.Tensor, attention_mask: torch.Tensor | None, keep: float) -> torch.Tensor:
-    """`(batch, seq)` bool, the tokens that token dropping's layers compute: every `predicted` one and, drawn at
-    random, as many others as make up `keep` of each sequence's tokens (rounded up)."""
+def tokens_to_keep(predicted: torch.Tensor, attention_mask: torch.Tensor | None, keep: float,
+                   importance: torch.Tensor | None = None) -> torch.Tensor:
+    """`(batch, seq)` bool, the tokens that token dropping's layers compute: every `predicted` one and as many others
+    as make up `keep` of each sequence's tokens (rounded up): those of the highest `importance` `(batch, seq)`, ties
+    (every token, without it) in random order."""
     real = torch.ones_like(predicted) if attention_mask is None else attention_mask.bool()
     predicted = predicted & real
-    # Predicted tokens rank first (score 2), the others in random order (scores in [0, 1)), padding last (-1).
-    scores = torch.rand(predicted.shape, device=predicted.device)
-    scores = torch.where(predicted, 2.0, torch.where(real, scores, -1.0))
+    # Predicted tokens rank first (+inf), then by importance (finite: an infinite one must not tie with them),
+    # padding last (-inf).
+    score = torch.zeros(predicted.shape, device=predicted.device) if importance is None else \
+        importance.float().nan_to_num(posinf=torch.finfo(torch.float32).max)
+    score = torch.where(predicted, math.inf, torch.where(real, score, -math.inf))
+    shuffled = torch.rand(predicted.shape, device=predicted.device).argsort(1)  # (batch, seq) positions
+    # A stable sort of the shuffled positions by score: equal scores stay in random order.
+    ranked = shuffled.gather(1, score.gather(1, shuffled).argsort(dim=1, descending=True, stable=True))
     counts = torch.maximum((real.sum(1) * keep).ceil().long(), predicted.sum(1))  # (batch,)
-    ranks = scores.argsort(1, descending=True).argsort(1)
-    return ranks < counts[:, None]
+    in_share = torch.arange(predicted.shape[1], device=predicted.device)[None] < counts[:, None]  # (batch, seq)
+    return torch.zeros_like(predicted).scatter(1, ranked, in_share)
+
+
+class TokenLoss(nn.Module):
+    """The running masked-LM loss of each vocabulary id, the importance by which token dropping's "loss" policy
+    keeps tokens (Hou et al., 2022). A buffer, saved with the weights so that a resumed run ranks as the one it
+    continues; +inf for ids never predicted yet (the special tokens stay there), which rank first."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.register_buffer("running", torch.full((vocab_size,), math.inf))
+
+    @torch.no_grad()
+    def update(self, ids: torch.Tensor, losses: torch.Tensor):
+        """Fold in the losses `(n,)` of the predicted ids `(n,)`: each id's mean over the batch of every process
+        (summed across processes, so that they keep one table), then an exponential average with TOKEN_LOSS_DECAY."""
+        totals = torch.zeros(2, self.running.numel(), device=self.running.device)  # (sum, count) per id
+        totals[0].index_add_(0, ids, losses.detach().float())
+        totals[1].index_add_(0, ids, torch.ones_like(losses, dtype=torch.float32))
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(totals)
+        seen = totals[1] > 0
+        mean, old = totals[0][seen] / totals[1][seen], self.running[seen]
+        self.running[seen] = torch.where(old.isinf(), mean, TOKEN_LOSS_DECAY * old + (1 - TOKEN_LOSS_DECAY) * mean)
 
 
 def unpadded_multiples(attn_implementation: str, device: torch.device, dtype: torch.dtype) -> tuple[int, int]:

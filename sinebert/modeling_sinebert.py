@@ -37,7 +37,7 @@ from .attention_sinebert import (
     packed_attention,
 )
 from .configuration_sinebert import SineBertConfig
-from .layout_sinebert import LayerRows, TokenLayout, tokens_to_keep
+from .layout_sinebert import LayerRows, TokenLayout, TokenLoss, tokens_to_keep
 
 
 def sinusoidal_encoding(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -391,6 +391,8 @@ class SineBertPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module):
         super()._init_weights(module)
+        if isinstance(module, TokenLoss):
+            init.constant_(module.running, math.inf)
         if isinstance(module, SineBertEmbeddings):
             positions = torch.arange(module.position_table.shape[0], device=module.position_table.device)
             init.copy_(module.position_table, sinusoidal_encoding(positions, self.config.hidden_size))
@@ -558,6 +560,8 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
         self.sinebert = SineBertModel(config)
         self.head = SineBertPredictionHead(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        dropping_by_loss = config.token_dropping_layers is not None and config.token_dropping_policy == "loss"
+        self.token_loss = TokenLoss(config.vocab_size) if dropping_by_loss else None
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:
@@ -585,9 +589,8 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
             have shape `(num_predicted, vocab_size)`, in row-major order of the labelled positions.
         """
         predicted = labels != -100 if labels is not None and self.config.sparse_prediction else None
-        kept = None
-        if self.training and labels is not None and self.config.token_dropping_layers is not None:
-            kept = tokens_to_keep(labels != -100, attention_mask, self.config.token_dropping_keep)
+        dropping = self.training and labels is not None and self.config.token_dropping_layers is not None
+        kept = self._tokens_to_keep(input_ids, attention_mask, labels) if dropping else None
         outputs = self.sinebert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, case_ids=case_ids,
@@ -599,10 +602,27 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
         logits = self.decoder(self.head(hidden_states))
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+            logits_2d, labels_1d = logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1)
+            if dropping and self.token_loss is not None:
+                losses = F.cross_entropy(logits_2d, labels_1d, reduction="none")  # (rows,), 0 where -100
+                counted = labels_1d != -100
+                self.token_loss.update(labels_1d[counted], losses[counted])
+                loss = losses.sum() / counted.sum()
+            else:
+                loss = F.cross_entropy(logits_2d, labels_1d)
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
+
+    def _tokens_to_keep(self, input_ids, attention_mask, labels) -> torch.Tensor:
+        """Token dropping's kept tokens `(batch, seq)` under `config.token_dropping_policy`."""
+        importance = None
+        if self.token_loss is not None:
+            if input_ids is None:
+                raise ValueError("token_dropping_policy='loss' ranks tokens by their ids: pass input_ids, not "
+                                 "inputs_embeds, or use token_dropping_policy='random'.")
+            importance = self.token_loss.running[input_ids]  # (batch, seq)
+        return tokens_to_keep(labels != -100, attention_mask, self.config.token_dropping_keep, importance)
 
 
 @dataclass

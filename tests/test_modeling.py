@@ -1,8 +1,12 @@
 """The model against independent NumPy formulas, and its Hugging Face contract (heads, save/load, options)."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from sinebert import (
     SineBertConfig,
@@ -21,6 +25,7 @@ from sinebert.attention_sinebert import (
 from sinebert.layout_sinebert import (
     BUCKET_COST,
     CPU_BF16_ROW_MULTIPLE,
+    TokenLoss,
     TokenRows,
     attention_buckets,
     padding_mask,
@@ -452,6 +457,29 @@ def test_tokens_to_keep_keeps_every_predicted_token_and_a_random_share_of_the_ot
     assert torch.equal(tokens_to_keep(predicted, None, 1.0), torch.ones_like(real))
 
 
+def test_tokens_to_keep_ranks_the_others_by_importance_with_ties_at_random():
+    real = torch.arange(8) < torch.tensor([8, 6])[:, None]
+    predicted = torch.zeros(2, 8, dtype=torch.bool)
+    predicted[0, 7] = predicted[1, 0] = True
+    # Infinite importance (ids never predicted) ranks above every finite one, and still below the predicted tokens.
+    importance = torch.tensor([[0.5, 3.0, 1.0, math.inf, 2.0, 0.1, 2.5, -9.0],
+                               [math.inf, 1.0, 1.0, 1.0, 1.0, 0.0, 9.0, 9.0]])
+    draws = set()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        kept = tokens_to_keep(predicted, real.long(), 0.5, importance)
+        assert kept[0].nonzero().flatten().tolist() == [1, 3, 6, 7]  # 3.0, inf, 2.5 and the predicted one
+        # Row 1: 6 real tokens, 3 kept: the predicted one first (its infinite importance does not matter), then two
+        # of the four tied at 1.0 (in random order); never the padding at 6 and 7 however important.
+        row = kept[1].nonzero().flatten().tolist()
+        assert row[0] == 0 and len(row) == 3 and set(row[1:]) <= {1, 2, 3, 4}
+        draws.add(tuple(row))
+    assert len(draws) > 1  # the ties are broken at random
+    torch.manual_seed(0)
+    everything = tokens_to_keep(torch.ones(2, 8, dtype=torch.bool) & real, real.long(), 0.1, importance)
+    assert torch.equal(everything, real)  # every predicted token is kept, whatever the share
+
+
 def _dropping_inputs(padded: bool) -> dict:
     lengths = torch.tensor([30, 11, 30, 4] if padded else [30] * 4)
     mask = (torch.arange(30) < lengths[:, None]).long()
@@ -515,7 +543,8 @@ def test_token_dropping_applies_only_to_masked_lm_training_with_labels():
     config = tiny_config(num_hidden_layers=4, sparse_prediction=True)
     plain = SineBertForMaskedLM(config)
     dropping = SineBertForMaskedLM(tiny_config(num_hidden_layers=4, sparse_prediction=True,
-                                               token_dropping_layers=[1, 3], token_dropping_keep=0.3))
+                                               token_dropping_layers=[1, 3], token_dropping_keep=0.3,
+                                               token_dropping_policy="random"))
     dropping.load_state_dict(plain.state_dict())
     inputs = _dropping_inputs(padded=True)
     for model in (plain, dropping):
@@ -525,6 +554,70 @@ def test_token_dropping_applies_only_to_masked_lm_training_with_labels():
     unlabelled = {k: v for k, v in inputs.items() if k != "labels"}
     torch.testing.assert_close(dropping(**unlabelled).logits, plain(**unlabelled).logits)
     assert (dropping(**inputs).logits - plain(**inputs).logits).abs().max() > 1e-5
+
+
+def test_token_dropping_by_loss_keeps_the_tokens_of_the_highest_running_loss_and_tracks_it():
+    config = tiny_config(num_hidden_layers=4, sparse_prediction=True, token_dropping_layers=[1, 3],
+                         token_dropping_keep=0.4, token_dropping_policy="loss")
+    torch.manual_seed(0)
+    model = SineBertForMaskedLM(config).train()
+    assert model.token_loss.running.isinf().all()  # nothing predicted yet
+    running = torch.rand(config.vocab_size) * 5
+    running[7] = math.inf
+    model.token_loss.running.copy_(running)
+    inputs = _dropping_inputs(padded=True)
+    seen = []
+    model.sinebert.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["kept_tokens"]),
+                                             with_kwargs=True)
+    torch.manual_seed(5)
+    output = model(**inputs)
+    predicted, real = inputs["labels"] != -100, inputs["attention_mask"].bool()
+    torch.manual_seed(5)
+    expected = tokens_to_keep(predicted, inputs["attention_mask"], 0.4, running[inputs["input_ids"]])
+    assert torch.equal(seen[0], expected)
+    for row in range(4):  # every unpredicted token kept has a running loss at least that of every one dropped
+        kept, dropped = (running[inputs["input_ids"][row][mask[row] & ~predicted[row]]]
+                         for mask in (expected, real & ~expected))
+        assert len(kept) and (not len(dropped) or kept.min() >= dropped.max())
+    # The loss is the usual mean; each predicted id's running loss moved toward its mean loss in this batch.
+    labels = inputs["labels"][predicted]
+    losses = F.cross_entropy(output.logits.float(), labels, reduction="none")
+    torch.testing.assert_close(output.loss, losses.mean())
+    for token in labels.unique().tolist():
+        mean = losses[labels == token].mean()
+        want = mean if math.isinf(running[token]) else 0.9 * running[token] + 0.1 * mean
+        torch.testing.assert_close(model.token_loss.running[token], want)
+    untouched = torch.ones(config.vocab_size, dtype=torch.bool).index_fill(0, labels, False)
+    assert torch.equal(model.token_loss.running[untouched], running[untouched])
+    after = model.token_loss.running.clone()
+    model.eval()(**inputs)  # evaluation neither drops tokens nor updates the table
+    assert torch.equal(model.token_loss.running, after)
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        model.train()(inputs_embeds=model.get_input_embeddings()(inputs["input_ids"]),
+                      attention_mask=inputs["attention_mask"], labels=inputs["labels"])
+
+
+def _update_in_process(rank: int, store: str, ids: torch.Tensor, losses: torch.Tensor, out: str):
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    table = TokenLoss(6)
+    table.running[2] = 1.0
+    half = slice(rank * 3, rank * 3 + 3)  # each process predicted half of the tokens
+    table.update(ids[half], losses[half])
+    save_file({"running": table.running}, f"{out}{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def test_running_token_loss_is_one_table_across_processes(tmp_path):
+    ids, losses = torch.tensor([2, 4, 2, 2, 4, 5]), torch.tensor([3.0, 1.0, 5.0, 1.0, 2.0, 4.0])
+    torch.multiprocessing.spawn(_update_in_process, args=(str(tmp_path / "store"), ids, losses, str(tmp_path / "t")),
+                                nprocs=2)
+    one = TokenLoss(6)
+    one.running[2] = 1.0
+    one.update(ids, losses)  # one process seeing the whole batch
+    # id 2: 0.9 * 1 + 0.1 * mean(3, 5, 1); ids 4 and 5 first seen: their mean; ids 0, 1, 3 never predicted.
+    assert one.running.tolist() == pytest.approx([math.inf, math.inf, 0.9 + 0.3, math.inf, 1.5, 4.0])
+    for rank in (0, 1):
+        assert torch.equal(load_file(tmp_path / f"t{rank}")["running"], one.running)
 
 
 def test_kept_tokens_need_the_dropping_layers_and_real_tokens():
@@ -663,6 +756,21 @@ def test_position_scale_defaults_match_word_vectors_and_older_checkpoints_load_a
         tiny_config(position_scale=-1.0)
 
 
+def test_token_dropping_ranks_by_loss_by_default_and_older_checkpoints_keep_a_random_share(tmp_path):
+    import json
+
+    assert tiny_config().token_dropping_policy == "loss"
+    model = SineBertForMaskedLM(tiny_config(num_hidden_layers=4, token_dropping_layers=[1, 3],
+                                            token_dropping_policy="random"))
+    assert model.token_loss is None  # nothing to rank by, nothing saved
+    model.save_pretrained(tmp_path)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps({k: v for k, v in json.loads(config_file.read_text()).items()
+                                       if k != "token_dropping_policy"}))
+    loaded = SineBertForMaskedLM.from_pretrained(tmp_path)  # as a checkpoint saved before the field existed
+    assert loaded.config.token_dropping_policy == "random" and loaded.token_loss is None
+
+
 def test_auto_classes_load_every_head(tmp_path):
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
@@ -796,6 +904,7 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
         (dict(token_dropping_layers=[1, -1]), r"\[1, -1\]"),  # empty with 2 layers
         (dict(token_dropping_layers=[1]), "token_dropping_layers"),
         (dict(token_dropping_layers=[0, 1], token_dropping_keep=0.0), "token_dropping_keep"),
+        (dict(token_dropping_layers=[0, 1], token_dropping_policy="first"), "token_dropping_policy must be one of"),
     ],
 )
 def test_invalid_configurations_raise(overrides, shown):

@@ -76,10 +76,10 @@ def test_two_processes_match_one_process_with_twice_the_batch(text_corpus, token
 
 
 def test_resume_continues_exactly(text_corpus, tokenizer_dir, tmp_path, capsys):
-    # With token dropping, whose draw of the tokens to keep must resume exactly too.
+    # With token dropping by loss, whose running loss per token id and random draw of ties must resume exactly too.
     common = [*data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
               "--eval_steps", 12, "--checkpointing_steps", 8, "--checkpoints_total_limit", 3,
-              "--token_dropping_layers", 0, -1]
+              "--token_dropping_layers", 0, -1, "--token_dropping_policy", "loss"]
     launch(*common, "--output_dir", tmp_path / "full")
     assert [p.name for p in sorted((tmp_path / "full" / "checkpoints").iterdir())] == [
         "step_00000008", "step_00000016", "step_00000024"]
@@ -227,12 +227,16 @@ def test_token_dropping_flags_set_the_config_and_bad_values_are_one_sentence(tex
               "--max_train_steps", 2, "--max_eval_samples", 8]
     out = tmp_path / "dropping"
     load_script("pretrain").main([str(a) for a in [
-        *common, "--token_dropping_layers", 0, -1, "--token_dropping_keep", 0.3, "--output_dir", out]])
+        *common, "--token_dropping_layers", 0, -1, "--token_dropping_keep", 0.3, "--token_dropping_policy", "loss",
+        "--output_dir", out]])
     config = json.loads((out / "config.json").read_text())
-    assert config["token_dropping_layers"] == [0, -1] and config["token_dropping_keep"] == 0.3
-    message = user_error(capsys, load_script("pretrain"), [*common, "--token_dropping_keep", 0.3, "--output_dir",
-                                                           tmp_path / "bad"])
-    assert "--token_dropping_keep 0.3 needs --token_dropping_layers" in message
+    assert (config["token_dropping_layers"], config["token_dropping_keep"]) == ([0, -1], 0.3)
+    assert config["token_dropping_policy"] == "loss"
+    running = load_file(out / "model.safetensors")["token_loss.running"]  # saved with the weights
+    assert 0 < int(running.isfinite().sum()) < len(running)  # the ids predicted in the two steps, the rest +inf
+    for flag, value in (("--token_dropping_keep", 0.3), ("--token_dropping_policy", "loss")):
+        message = user_error(capsys, load_script("pretrain"), [*common, flag, value, "--output_dir", tmp_path / "bad"])
+        assert f"{flag} {value} needs --token_dropping_layers" in message
     message = user_error(capsys, load_script("pretrain"), [
         *common, "--token_dropping_layers", 1, 2, "--output_dir", tmp_path / "bad"])
     assert "token_dropping_layers must be [first, stop]" in message and "[1, 2]" in message

@@ -78,9 +78,10 @@ def test_per_step_learning_trains_every_contender_the_same_steps_and_reports_eac
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
     text = ROOT / "tests" / "fixtures" / "sotu.txt"
-    benchmark.main(["--tiny", "--steps", "8", "--train_file", str(text), "--output_dir", str(tmp_path)])
+    benchmark.main(["--tiny", "--steps", "8", "--train_file", str(text), "--output_dir", str(tmp_path),
+                    "--contenders", *benchmark.CONTENDERS])
     report = json.loads((tmp_path / "per_step_learning.json").read_text())
-    assert [run["model"] for run in report["runs"]] == [label for label, _, _ in benchmark.CONTENDERS]
+    assert [run["model"] for run in report["runs"]] == [label for label, _, _ in benchmark.CONTENDERS.values()]
     for run in report["runs"]:
         assert [step for step, _ in run["accuracy"]] == [0, 2, 4, 6, 8]
         assert run["accuracy"][-1][1] != run["accuracy"][0][1]  # it trained

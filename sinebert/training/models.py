@@ -21,7 +21,7 @@ LAYOUT_FLAGS = ("sliding_window", "global_attn_every_n_layers", "global_attentio
 # Input features that fine-tuning can add to a pretrained checkpoint (their weights start at zero).
 FEATURE_FLAGS = ("cross_segment_match", "letter_case")
 # Token dropping, a pretraining choice like dropout (flags of scripts/pretrain.py only).
-TOKEN_DROPPING_FLAGS = ("token_dropping_layers", "token_dropping_keep")
+TOKEN_DROPPING_FLAGS = ("token_dropping_layers", "token_dropping_keep", "token_dropping_policy")
 
 
 def add_size_arguments(parser):
