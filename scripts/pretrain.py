@@ -89,8 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--token_dropping_keep", type=float,
                        help="With --token_dropping_layers: the share of each block those layers compute (0.5).")
     group.add_argument("--token_dropping_policy", choices=TOKEN_DROPPING_POLICIES,
-                       help="With --token_dropping_layers: which unmasked tokens they keep, those whose token id has "
-                            "the highest running masked-LM loss (loss, the default) or drawn at random.")
+                       help="With --token_dropping_layers: which unmasked tokens they keep, drawn at random (the "
+                            "default) or those whose token id has the highest running masked-LM loss.")
     group.add_argument(
         "--init_word_embeddings", metavar="PATH",
         help="Start from scratch with these word embeddings (scripts/train_word_embeddings.py, same tokenizer): "

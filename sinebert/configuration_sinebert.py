@@ -120,11 +120,10 @@ class SineBertConfig(PreTrainedConfig):
             tokens. Evaluation, inference and the other heads always compute every token in every layer.
         token_dropping_keep (`float`, defaults to 0.5): With `token_dropping_layers`, the share of each sequence's
             tokens those layers compute, in (0, 1]: every token with a label and as many others as make up the share.
-        token_dropping_policy (`str`, defaults to `"loss"`): Which of the unlabelled tokens token dropping keeps.
-            `"loss"` (Hou et al.'s importance): those whose vocabulary id has the highest running masked-LM loss
-            (`SineBertForMaskedLM.token_loss`, a buffer saved with the weights), ids never predicted yet (the special
-            tokens among them) first, ties in random order. `"random"`: drawn at random (what a saved config without
-            this field did).
+        token_dropping_policy (`str`, defaults to `"random"`): Which of the unlabelled tokens token dropping keeps.
+            `"random"`: drawn at random. `"loss"` (Hou et al.'s importance): those whose vocabulary id has the highest
+            running masked-LM loss (`SineBertForMaskedLM.token_loss`, a buffer saved with the weights), ids never
+            predicted yet (the special tokens among them) first, ties in random order.
     """
 
     model_type = "sinebert"
@@ -159,7 +158,7 @@ class SineBertConfig(PreTrainedConfig):
     letter_case: bool = False
     token_dropping_layers: list[int] | None = None
     token_dropping_keep: float = 0.5
-    token_dropping_policy: Literal["random", "loss"] = "loss"
+    token_dropping_policy: Literal["random", "loss"] = "random"
 
     def __post_init__(self, **kwargs):
         if self.position_scale is None:
@@ -171,10 +170,9 @@ class SineBertConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
-        # A saved sinebert config without one of these fields predates it: its model added the sinusoid unscaled,
-        # and its token dropping kept a random share.
+        # A saved sinebert config without position_scale predates it: its model added the sinusoid unscaled.
         if config_dict.get("model_type") == cls.model_type:
-            config_dict = {"position_scale": 1.0, "token_dropping_policy": "random", **config_dict}
+            config_dict = {"position_scale": 1.0, **config_dict}
         return super().from_dict(config_dict, **kwargs)
 
     def _validate(self):
