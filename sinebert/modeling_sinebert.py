@@ -617,7 +617,10 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
     def _tokens_to_keep(self, input_ids, attention_mask, labels) -> torch.Tensor:
         """Token dropping's kept tokens `(batch, seq)` under `config.token_dropping_policy`."""
         importance = None
-        if self.token_loss is not None:
+        if self.config.token_dropping_policy == "loss":
+            if self.token_loss is None:  # the config changed after the model was built without a table
+                raise ValueError("token_dropping_policy='loss' needs the running-loss table, which a model gets when "
+                                 "built with token_dropping_layers set; build it from a config that has both.")
             if input_ids is None:
                 raise ValueError("token_dropping_policy='loss' ranks tokens by their ids: pass input_ids, not "
                                  "inputs_embeds, or use token_dropping_policy='random'.")

@@ -760,6 +760,9 @@ def test_token_dropping_keeps_a_random_share_by_default_with_no_table():
     assert tiny_config().token_dropping_policy == "random"
     model = SineBertForMaskedLM(tiny_config(num_hidden_layers=4, token_dropping_layers=[1, 3]))
     assert model.token_loss is None and not any("token_loss" in k for k in model.state_dict())
+    model.config.token_dropping_policy = "loss"  # after the model was built: no table to rank by, no silent draw
+    with pytest.raises(ValueError, match="running-loss table"):
+        model.train()(**_dropping_inputs(padded=True))
 
 
 def test_auto_classes_load_every_head(tmp_path):
