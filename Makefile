@@ -24,7 +24,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
-# DEMO=smoke (1-2 minutes) or DEMO=long (a longer, better run); the default took 15 minutes on 2 CPU cores (under 20).
+# DEMO=smoke (1-2 minutes) or DEMO=long (a longer, better run); the default took 15 to 17 minutes on 2 CPU cores (under 20).
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m recipes.demo $(if $(DEMO),--mode $(DEMO)) $(DEMO_ARGS)
 
