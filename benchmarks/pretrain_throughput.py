@@ -4,9 +4,13 @@
     python benchmarks/pretrain_throughput.py --quick    # a few steps, to check the benchmark runs
 
 Runs the real script (data loading, masking, optimizer, logging) with the settings of the CPU cram's pretraining
-(configs/cram/pretrain.yaml: the model and training settings that benchmarks/speed.py times step by step) for a fixed
-number of steps on the unlabelled text of the training splits in ../shared/data, and reads the tokens/s it logged
-after a warm-up window. Writes benchmarks/results/pretrain_throughput.{json,md}.
+(configs/cram/pretrain.yaml) for a fixed number of steps on the unlabelled text of the training splits in
+../shared/data, and reads the tokens/s it logged after a warm-up window. Beside each run, in this process on every
+core, it times the bare step as benchmarks/speed.py does (forward, backward, clipping, fused AdamW on synthetic
+batches of the same shape) of a fresh model built from the config the script saved, after the run and (from the
+second run on) before it, so that the host's drift hits both, and reports the script's tokens/s as a share of the bare step's: what the data pipeline,
+masking, logging and, with two processes, the gradient all-reduce cost. Writes
+benchmarks/results/pretrain_throughput.{json,md}.
 """
 
 import argparse
@@ -20,7 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.speed import seconds_of, train_step  # noqa: E402
+from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
+
 DATA = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
 RECIPE = ROOT / "configs" / "cram" / "pretrain.yaml"  # hidden 256, 4 layers, 4 heads, FFN 1024, seq 128, no dropout
@@ -57,29 +68,62 @@ def launch(processes: int, precision: str, args: list[str]) -> subprocess.Comple
     return result
 
 
+def bare_step_times(config: SineBertConfig, precision: str, batch: int, steps: int, warmup: int = 3) -> list[float]:
+    """Seconds of `steps` bare training steps (after `warmup`) of a fresh model built from `config`, on every core:
+    the recipe's clipping (1.0) and the fused AdamW the script's Trainer uses, on batch x 128 random tokens of which
+    15% are masked and predicted, as the script's blocks are."""
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    model = SineBertForMaskedLM(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, config.vocab_size, (batch, 128), generator=generator)
+    masked = torch.rand(batch, 128, generator=generator) < 0.15
+    inputs = {"input_ids": torch.where(masked, 4, ids),  # which id stands for [MASK] changes no timing
+              "attention_mask": torch.ones_like(ids), "labels": torch.where(masked, ids, -100)}
+    times = [seconds_of(lambda: train_step(model, optimizer, inputs, precision, max_grad_norm=1.0))
+             for _ in range(warmup + steps)]
+    return times[warmup:]
+
+
 def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: Path, steps: int, batch: int) -> dict:
     out = work / f"run_{processes}_{precision}"
+    bare_precision = "bf16" if precision == "bf16" else "fp32"
+    config = None
+    if (work / "config.json").exists():  # saved by the first run: time the bare step before this one too
+        config = SineBertConfig.from_pretrained(work)
+        bare = bare_step_times(config, bare_precision, batch, steps // 2)
     start = time.perf_counter()
     launch(processes, precision, [
         "--config_file", str(RECIPE), "--train_file", str(data), "--tokenizer_name", str(tokenizer),
-        "--per_device_train_batch_size", str(batch // processes), "--max_train_steps", str(steps),
+        "--per_device_train_batch_size", str(batch // processes),
+        "--max_train_tokens", str(steps * batch * 128),  # the recipe's budget is in tokens: this many steps of it
         "--logging_steps", str(max(1, steps // 8)), "--eval_steps", str(10 * steps), "--max_eval_samples", "64",
         "--output_dir", str(out), "--overwrite_output_dir",
     ])
+    wall = time.perf_counter() - start
+    if config is None:
+        config = SineBertConfig.from_pretrained(out)
+        config.save_pretrained(work)
+        bare = []
+    bare += bare_step_times(config, bare_precision, batch, steps // 2)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     windows = [r["tokens_per_second"] for r in rows if "tokens_per_second" in r][1:]  # first window: warm-up
+    script, step = statistics.median(windows), batch * 128 / statistics.median(bare)
     return {
-        "processes": processes, "precision": precision, "tokens_per_second": statistics.median(windows),
-        "steps": steps, "global_batch": batch, "wall_seconds": round(time.perf_counter() - start, 1),
+        "processes": processes, "precision": precision, "tokens_per_second": script,
+        "bare_step_tokens_per_second": step, "share_of_bare_step": script / step,
+        "steps": steps, "global_batch": batch, "wall_seconds": round(wall, 1),
     }
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="A few steps of one configuration.")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--bf16_steps", type=int, default=8,
-                        help="Steps of the bf16 runs: CPUs without native bf16 matmuls run them many times slower.")
+    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--bf16_steps", type=int, default=48,
+                        help="Steps of the bf16 runs: fewer on CPUs without native bf16 matmuls (no AVX512-BF16 or "
+                             "AMX), which run them many times slower.")
     parser.add_argument("--batch", type=int, default=32, help="Global batch (split over processes).")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,9 +146,12 @@ def main():
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pretrain_throughput.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"Pretraining throughput of scripts/pretrain.py ({report['model']}, global batch {args.batch}), "
-             f"{report['date']}, {report['machine']}.", "", "| processes | precision | tokens/s | steps |", "|---|---|---|---|"]
+             f"{report['date']}, {report['machine']}.", "",
+             "| processes | precision | script tokens/s | bare step tokens/s | script / bare step | steps |",
+             "|---|---|---|---|---|---|"]
     lines += [f"| {r['processes']} | {'fp32' if r['precision'] == 'no' else r['precision']} | "
-              f"{r['tokens_per_second']:,.0f} | {r['steps']} |" for r in results]
+              f"{r['tokens_per_second']:,.0f} | {r['bare_step_tokens_per_second']:,.0f} | "
+              f"{r['share_of_bare_step']:.1%} | {r['steps']} |" for r in results]
     (RESULTS / "pretrain_throughput.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
