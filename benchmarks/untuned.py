@@ -1,7 +1,7 @@
 """Fine-tuning with only the files: does a user who passes nothing but `--train_file` get a model that beats
 bag-of-words, at the data sizes users have, on data that no choice of the recipe was measured on?
 
-    python -m benchmarks.untuned --model runs/cram/pretrain            # about an hour on 2 CPU cores
+    python -m benchmarks.untuned --model runs/cram/pretrain            # 25 minutes to an hour on 2 CPU cores
     python -m benchmarks.untuned --model runs/cram/pretrain --tasks clothing_department
 
 For each task, from the same pretrained checkpoint: `scripts/finetune_classification.py --model_name_or_path M
