@@ -7,9 +7,9 @@ Runs the real script (data loading, masking, optimizer, logging) with the settin
 (configs/cram/pretrain.yaml) for a fixed number of steps on the unlabelled text of the training splits in
 ../shared/data, and reads the tokens/s it logged after a warm-up window. Beside each run, in this process on every
 core, it times the bare step as benchmarks/speed.py does (forward, backward, clipping, fused AdamW on synthetic
-batches of the same shape) of a fresh model built from the config the script saved, after the run and (from the
-second run on) before it, so that the host's drift hits both, and reports the script's tokens/s as a share of the bare step's: what the data pipeline,
-masking, logging and, with two processes, the gradient all-reduce cost. Writes
+batches of the same shape) of a fresh model built from the config the script saved, after the run and (from the second
+run on) before it, so that the host's drift hits both, and reports the script's tokens/s as a share of the bare
+step's: what the data pipeline, masking, logging and, with two processes, the gradient all-reduce cost. Writes
 benchmarks/results/pretrain_throughput.{json,md}.
 """
 
@@ -89,10 +89,9 @@ def bare_step_times(config: SineBertConfig, precision: str, batch: int, steps: i
 def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: Path, steps: int, batch: int) -> dict:
     out = work / f"run_{processes}_{precision}"
     bare_precision = "bf16" if precision == "bf16" else "fp32"
-    config = None
-    if (work / "config.json").exists():  # saved by the first run: time the bare step before this one too
-        config = SineBertConfig.from_pretrained(work)
-        bare = bare_step_times(config, bare_precision, batch, steps // 2)
+    # The bare step is timed before the run (once the first run has saved the model's config) and after it.
+    config = SineBertConfig.from_pretrained(work) if (work / "config.json").exists() else None
+    bare = bare_step_times(config, bare_precision, batch, steps // 2) if config else []
     start = time.perf_counter()
     launch(processes, precision, [
         "--config_file", str(RECIPE), "--train_file", str(data), "--tokenizer_name", str(tokenizer),
@@ -105,7 +104,6 @@ def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: P
     if config is None:
         config = SineBertConfig.from_pretrained(out)
         config.save_pretrained(work)
-        bare = []
     bare += bare_step_times(config, bare_precision, batch, steps // 2)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     windows = [r["tokens_per_second"] for r in rows if "tokens_per_second" in r][1:]  # first window: warm-up
