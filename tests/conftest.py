@@ -130,3 +130,44 @@ def user_error(capsys, script, argv) -> str:
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, lines
     return lines[0]
+
+
+def classifier_step_setup():
+    """A tiny classifier at a fixed seed, a copy with the same weights (the reference a test computes by hand), four
+    rows of 3 to 7 tokens and those rows collated into one padded batch: one Trainer step's worth."""
+    import torch
+
+    from sinebert import SineBertForSequenceClassification
+    from sinebert.training.finetune import PaddingCollator
+
+    torch.manual_seed(0)
+    model = SineBertForSequenceClassification(tiny_config(num_labels=2))
+    reference = SineBertForSequenceClassification(tiny_config(num_labels=2))
+    reference.load_state_dict(model.state_dict())
+    rows = [{"input_ids": list(range(5, 5 + n)), "attention_mask": [1] * n, "labels": n % 2} for n in (3, 7, 5, 6)]
+    return model, reference, rows, PaddingCollator(0)(rows)
+
+
+def classifier_trainer(args, accelerator, model, rows):
+    """The Trainer of the classification script over `rows` (one batch of all four), its schedule fitted as the
+    script fits it."""
+    import torch
+
+    from sinebert.training.classification import example_count
+    from sinebert.training.finetune import PaddingCollator, fit_schedule
+    from sinebert.training.loop import Task, Trainer
+
+    loader = torch.utils.data.DataLoader(rows, batch_size=4, collate_fn=PaddingCollator(0))
+    fit_schedule(args, accelerator, len(rows))
+    return Trainer(args, accelerator, model, loader, Task(count=example_count))
+
+
+def gradients_at_optimizer_step(trainer, model, batch) -> dict:
+    """The gradients one `_optimizer_step` of `trainer` on `batch` hands the optimizer (whose step is replaced)."""
+    import time
+
+    seen = {}
+    trainer.optimizer.step = lambda: seen.update(
+        {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+    trainer._optimizer_step([batch], time.perf_counter())
+    return seen

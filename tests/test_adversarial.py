@@ -1,16 +1,17 @@
 """--adversarial_epsilon (FGM): what one optimizer step of the Trainer adds to the gradient, and that the word
 embeddings are left as they were."""
 
-import time
-
 import pytest
 import torch
 
-from sinebert import SineBertForSequenceClassification
-from sinebert.training.classification import example_count
-from sinebert.training.finetune import PaddingCollator, fit_schedule
-from sinebert.training.loop import Task, Trainer, setup_accelerator
-from tests.conftest import load_script, tiny_config, user_error
+from sinebert.training.loop import setup_accelerator
+from tests.conftest import (
+    classifier_step_setup,
+    classifier_trainer,
+    gradients_at_optimizer_step,
+    load_script,
+    user_error,
+)
 
 WORDS = "sinebert.embeddings.word_embeddings.weight"
 
@@ -28,26 +29,16 @@ def test_a_step_adds_the_gradient_at_the_embeddings_moved_up_their_gradient(tmp_
     args = script.parse_args(["--train_file", "unused.tsv", "--output_dir", str(tmp_path), "--max_grad_norm", "0",
                               "--adversarial_epsilon", str(epsilon)])
     accelerator = setup_accelerator(args)
-    torch.manual_seed(0)
-    model = SineBertForSequenceClassification(tiny_config(num_labels=2))
-    rows = [{"input_ids": list(range(5, 5 + n)), "attention_mask": [1] * n, "labels": n % 2} for n in (3, 7, 5, 6)]
-    batch = PaddingCollator(0)(rows)
-    reference = SineBertForSequenceClassification(tiny_config(num_labels=2))
-    reference.load_state_dict(model.state_dict())
+    model, reference, rows, batch = classifier_step_setup()
     expected = _gradients(reference, batch)
     if epsilon:  # by hand: the loss again at words + epsilon * g / |g|, its gradient added
         with torch.no_grad():
             reference.get_input_embeddings().weight.add_(epsilon * expected[WORDS] / expected[WORDS].norm())
         expected = {name: g + _gradients(reference, batch)[name] for name, g in expected.items()}
 
-    loader = torch.utils.data.DataLoader(rows, batch_size=4, collate_fn=PaddingCollator(0))
-    fit_schedule(args, accelerator, len(rows))  # as the script does before its Trainer
-    trainer = Trainer(args, accelerator, model, loader, Task(count=example_count))
+    trainer = classifier_trainer(args, accelerator, model, rows)
     clean_words = model.get_input_embeddings().weight.detach().clone()
-    seen = {}
-    trainer.optimizer.step = lambda: seen.update(
-        {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
-    trainer._optimizer_step([batch], time.perf_counter())
+    seen = gradients_at_optimizer_step(trainer, model, batch)
 
     assert torch.equal(model.get_input_embeddings().weight, clean_words)  # moved only for the second pass
     assert seen.keys() == expected.keys()

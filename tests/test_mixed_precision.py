@@ -1,17 +1,12 @@
 """The Trainer under --mixed_precision bf16: its steps compute under autocast, and the prepared model hands back its
 outputs as computed, without accelerate's fp32 copy of every half-precision output (the logits, each step)."""
 
-import time
-
 import pytest
 import torch
 from accelerate.state import AcceleratorState
 
-from sinebert import SineBertForSequenceClassification
-from sinebert.training.classification import example_count
-from sinebert.training.finetune import PaddingCollator, fit_schedule
-from sinebert.training.loop import Task, Trainer, setup_accelerator
-from tests.conftest import load_script, tiny_config
+from sinebert.training.loop import setup_accelerator
+from tests.conftest import classifier_step_setup, classifier_trainer, gradients_at_optimizer_step, load_script
 
 
 @pytest.fixture
@@ -28,28 +23,18 @@ def test_a_bf16_step_runs_under_autocast_and_its_outputs_are_not_copied_to_fp32(
     args = script.parse_args(["--train_file", "unused.tsv", "--output_dir", str(tmp_path), "--max_grad_norm", "0",
                               "--mixed_precision", "bf16"])
     accelerator = setup_accelerator(args)
-    torch.manual_seed(0)
-    model = SineBertForSequenceClassification(tiny_config(num_labels=2))
-    rows = [{"input_ids": list(range(5, 5 + n)), "attention_mask": [1] * n, "labels": n % 2} for n in (3, 7, 5, 6)]
-    batch = PaddingCollator(0)(rows)
-    reference = SineBertForSequenceClassification(tiny_config(num_labels=2))
-    reference.load_state_dict(model.state_dict())
+    model, reference, rows, batch = classifier_step_setup()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         expected_logits = reference(**batch).logits
         loss = reference(**batch).loss
     loss.backward()
     expected = {name: p.grad for name, p in reference.named_parameters() if p.grad is not None}
 
-    loader = torch.utils.data.DataLoader(rows, batch_size=4, collate_fn=PaddingCollator(0))
-    fit_schedule(args, accelerator, len(rows))
-    trainer = Trainer(args, accelerator, model, loader, Task(count=example_count))
+    trainer = classifier_trainer(args, accelerator, model, rows)
     with accelerator.autocast():
         logits = trainer.model(**batch).logits
     assert logits.dtype == torch.bfloat16 and torch.equal(logits, expected_logits)
-    seen = {}
-    trainer.optimizer.step = lambda: seen.update(
-        {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
-    trainer._optimizer_step([batch], time.perf_counter())
+    seen = gradients_at_optimizer_step(trainer, model, batch)
     assert seen.keys() == expected.keys()
     for name, gradient in expected.items():  # bf16 gradients: an fp32 step would differ far beyond this
         torch.testing.assert_close(seen[name], gradient, rtol=1e-5, atol=1e-7, msg=name)
