@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.speed import seconds_of, train_step  # noqa: E402
+from benchmarks.speed import masked_batch, seconds_of, train_step  # noqa: E402
 from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
@@ -70,17 +70,14 @@ def launch(processes: int, precision: str, args: list[str]) -> subprocess.Comple
 
 def bare_step_times(config: SineBertConfig, precision: str, batch: int, steps: int, warmup: int = 3) -> list[float]:
     """Seconds of `steps` bare training steps (after `warmup`) of a fresh model built from `config`, on every core:
-    the recipe's clipping (1.0) and the fused AdamW the script's Trainer uses, on batch x 128 random tokens of which
-    15% are masked and predicted, as the script's blocks are."""
+    the recipe's clipping (1.0) and the fused AdamW the script's Trainer uses, on speed.py's masked batch of `batch`
+    rows of 128 random tokens (15% masked and predicted, as in the script's blocks)."""
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
     model = SineBertForMaskedLM(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, config.vocab_size, (batch, 128), generator=generator)
-    masked = torch.rand(batch, 128, generator=generator) < 0.15
-    inputs = {"input_ids": torch.where(masked, 4, ids),  # which id stands for [MASK] changes no timing
-              "attention_mask": torch.ones_like(ids), "labels": torch.where(masked, ids, -100)}
+    inputs = masked_batch(torch.Generator().manual_seed(0), rows=batch, vocab=config.vocab_size)
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])  # as the script's collator passes it
     times = [seconds_of(lambda: train_step(model, optimizer, inputs, precision, max_grad_norm=1.0))
              for _ in range(warmup + steps)]
     return times[warmup:]

@@ -173,9 +173,9 @@ def against_fastest_peer(result: dict, names: tuple[str, ...]):
         result[f"{name}_vs_fastest_peer"] = result[f"{name}_tokens_per_second"] / result[f"{fastest}_tokens_per_second"]
 
 
-def masked_batch(generator: torch.Generator) -> dict:
-    ids = torch.randint(5, VOCAB, (BATCH, SEQ), generator=generator)
-    chosen = torch.rand(BATCH, SEQ, generator=generator) < MASKING
+def masked_batch(generator: torch.Generator, rows: int = BATCH, vocab: int = VOCAB) -> dict:
+    ids = torch.randint(5, vocab, (rows, SEQ), generator=generator)
+    chosen = torch.rand(rows, SEQ, generator=generator) < MASKING
     return {"input_ids": torch.where(chosen, 4, ids).to(DEVICE), "labels": torch.where(chosen, ids, -100).to(DEVICE)}
 
 

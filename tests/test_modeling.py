@@ -543,8 +543,7 @@ def test_token_dropping_applies_only_to_masked_lm_training_with_labels():
     config = tiny_config(num_hidden_layers=4, sparse_prediction=True)
     plain = SineBertForMaskedLM(config)
     dropping = SineBertForMaskedLM(tiny_config(num_hidden_layers=4, sparse_prediction=True,
-                                               token_dropping_layers=[1, 3], token_dropping_keep=0.3,
-                                               token_dropping_policy="random"))
+                                               token_dropping_layers=[1, 3], token_dropping_keep=0.3))
     dropping.load_state_dict(plain.state_dict())
     inputs = _dropping_inputs(padded=True)
     for model in (plain, dropping):
