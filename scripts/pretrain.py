@@ -40,7 +40,13 @@ from sinebert.training.mlm import (
 )
 from sinebert.training.models import add_size_arguments, load_pretrained, load_tokenizer
 from sinebert.training.reporting import write_model_card
-from sinebert.training.rtd import DISCRIMINATOR_WEIGHT, GENERATOR_FRACTION, ReplacedTokenDetection, discriminator_of
+from sinebert.training.rtd import (
+    DISCRIMINATOR_WEIGHT,
+    GENERATOR_FRACTION,
+    GENERATOR_TEMPERATURE,
+    ReplacedTokenDetection,
+    discriminator_of,
+)
 from sinebert.training.sharding import fsdp_requested
 
 
@@ -81,6 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--discriminator_weight", type=float, default=DISCRIMINATOR_WEIGHT,
                        help=f"With --objective rtd: the weight of the detection loss against the generator's "
                             f"masked-LM loss (default {DISCRIMINATOR_WEIGHT:g}, ELECTRA's).")
+    group.add_argument("--generator_temperature", type=float, default=GENERATOR_TEMPERATURE,
+                       help=f"With --objective rtd: the temperature the generator's replacements are sampled at "
+                            f"(default {GENERATOR_TEMPERATURE:g}); above 1 they are easier to detect.")
     group.add_argument(
         "--token_dropping_layers", type=int, nargs=2, metavar=("FIRST", "STOP"),
         help="Token dropping (SineBertConfig): layers FIRST to STOP - 1 compute only the masked tokens and a share of "
@@ -168,7 +177,7 @@ def build_model(args, tokenizer):
                               "word embeddings across FSDP units); launch it with a data-parallel config.")
     discriminator = load_pretrained(AutoModelForPreTraining, args, tokenizer)
     return ReplacedTokenDetection(discriminator, args.generator_fraction, args.discriminator_weight,
-                                  args.mlm_probability)
+                                  args.mlm_probability, args.generator_temperature)
 
 
 def _materialise(iterable):
@@ -248,7 +257,8 @@ def main(argv=None):
                 "word embeddings": Path(args.init_word_embeddings or args.model_name_or_path or "random").name,
                 "sequence length": args.max_seq_length,
                 "objective": objective + (f" (generator {args.generator_fraction:g} of the width, detection loss "
-                                          f"weight {args.discriminator_weight:g})" if rtd else ""),
+                                          f"weight {args.discriminator_weight:g}, samples at temperature "
+                                          f"{args.generator_temperature:g})" if rtd else ""),
                 "masking": f"{args.mlm_probability:.0%} of tokens (80% [MASK], 10% random, 10% unchanged)",
                 "learning rate": f"{args.learning_rate} ({args.lr_scheduler_type} schedule)",
                 "mixed precision": accelerator.mixed_precision,

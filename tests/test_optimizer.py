@@ -1,4 +1,4 @@
-"""build_optimizer: which parameters decay, and the word embeddings' own learning rate."""
+"""build_optimizer: which parameters decay, the word embeddings' own learning rate, and layer-wise decay."""
 
 import argparse
 
@@ -11,8 +11,8 @@ from tests.conftest import tiny_config
 
 
 def _args(**values) -> argparse.Namespace:
-    defaults = dict(learning_rate=1e-2, embedding_learning_rate=None, weight_decay=0.01, adam_beta1=0.9,
-                    adam_beta2=0.999, adam_epsilon=1e-8)
+    defaults = dict(learning_rate=1e-2, embedding_learning_rate=None, layerwise_lr_decay=1.0, weight_decay=0.01,
+                    adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
     return argparse.Namespace(**defaults | values)
 
 
@@ -38,3 +38,26 @@ def test_word_embeddings_take_their_own_learning_rate_and_every_parameter_is_ste
     if embedding_learning_rate is not None:
         (group,) = [g for g in optimizer.param_groups if any(p is words for p in g["params"])]
         assert group["lr"] == embedding_learning_rate and group["params"] == [words]
+
+
+def test_layerwise_decay_gives_each_layer_its_share_of_the_learning_rate():
+    model = SineBertForSequenceClassification(tiny_config(num_labels=2, num_hidden_layers=2))
+    optimizer = build_optimizer(model, _args(layerwise_lr_decay=0.5))
+    rate = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    named = dict(model.named_parameters())
+    expected = {"classifier.weight": 1e-2, "sinebert.layers.1.mlp.fc1.weight": 5e-3,
+                "sinebert.layers.0.attention.qkv_proj.bias": 2.5e-3, "sinebert.layers.0.mlp_norm.weight": 2.5e-3,
+                "sinebert.embeddings.word_embeddings.weight": 1.25e-3}
+    assert {name: rate[id(named[name])] for name in expected} == pytest.approx(expected)
+    assert optimizer.param_groups[0]["lr"] == 1e-2  # what the loop logs as the learning rate
+    decays = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
+    assert decays[id(named["sinebert.layers.0.mlp.fc1.weight"])] == 0.01
+    assert decays[id(named["sinebert.layers.0.mlp.fc1.bias"])] == 0.0
+    assert len(rate) == len(named)
+
+
+def test_without_layerwise_decay_every_parameter_has_the_learning_rate():
+    model = SineBertForSequenceClassification(tiny_config(num_labels=2, num_hidden_layers=2))
+    optimizer = build_optimizer(model, _args())
+    assert [group["lr"] for group in optimizer.param_groups] == [1e-2, 1e-2]
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.01, 0.0]

@@ -79,7 +79,20 @@ def test_samples_follow_the_generators_distribution():
     samples = sample_from(logits, noise)
     assert (samples == 0).sum() == 200 and (samples == 1).sum() == 800
     assert sample_from(torch.tensor([[0.0, 30.0, 0.0]]), torch.tensor([0.999999])).item() == 1
+    flattened = sample_from(logits, noise, temperature=2.0)  # probabilities as sqrt(0.2) : sqrt(0.8) = 1/3 : 2/3
+    assert (flattened == 0).sum() == 333 and (flattened == 1).sum() == 667
 
+
+def test_the_model_samples_at_its_temperature():
+    model, inputs = rtd_model(), batch()
+    favourite = int(inputs["labels"][0, 1])
+    with torch.no_grad():
+        model.generator.decoder.bias[favourite] = 4.6  # about half the probability at temperature 1
+    model.temperature = 1e-4  # the generator's most likely token, `favourite`, at every masked position
+    with torch.no_grad():
+        out = model(**inputs)
+    masked = inputs["labels"] != -100
+    assert out.replaced[masked].tolist() == (inputs["labels"][masked] != favourite).long().tolist()
 
 def test_the_generator_reads_and_writes_through_the_discriminators_word_embeddings():
     model = rtd_model()
@@ -168,6 +181,8 @@ def test_streaming_and_what_rtd_refuses(text_corpus, tokenizer_dir, tmp_path, ca
     assert "--token_dropping_layers does not apply to --objective rtd" in user_error(capsys, pretrain, argv)
     argv = [*data(text_corpus, tokenizer_dir), *TINY, "--generator_fraction", 2, "--output_dir", tmp_path / "y"]
     assert "--generator_fraction must be in (0, 1], got 2.0" in user_error(capsys, pretrain, argv)
+    argv = [*data(text_corpus, tokenizer_dir), *TINY, "--generator_temperature", 0, "--output_dir", tmp_path / "z"]
+    assert "--generator_temperature must be above 0, got 0.0" in user_error(capsys, pretrain, argv)
 
 
 def test_mixed_lengths_cut_the_sample_noise_with_the_tokens():

@@ -156,6 +156,11 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
         help="Peak learning rate of the word embeddings (and of a masked-LM decoder tied to them), on the same "
              "schedule (default: --learning_rate).",
     )
+    group.add_argument(
+        "--layerwise_lr_decay", type=float, default=1.0,
+        help="Each layer's peak learning rate is this times the one of the layer above it (the task head and final "
+             "norm at --learning_rate, the embeddings below the first layer), as ELECTRA fine-tunes; 1 disables it.",
+    )
     group.add_argument("--weight_decay", type=float, default=0.01, help="AdamW decay; never on biases or LayerNorms.")
     group.add_argument("--adam_beta1", type=float, default=0.9)
     group.add_argument("--adam_beta2", type=float, default=0.999)
@@ -222,6 +227,7 @@ RANGES = {
                      "embedding_learning_rate", "max_train_minutes", "early_stopping_patience"), ZERO_OR_MORE),
     **dict.fromkeys(("num_train_epochs", "adam_epsilon"), MORE_THAN_ZERO),
     "warmup_ratio": (0, True, 1, True),
+    "layerwise_lr_decay": (0, False, 1, True),
     "adam_beta1": (0, True, 1, False),
     "adam_beta2": (0, True, 1, False),
 }

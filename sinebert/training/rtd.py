@@ -23,6 +23,10 @@ from .errors import UserError
 DISCRIMINATOR_WEIGHT = 50.0
 # The generator's width as a share of the discriminator's: the paper found 1/4 to 1/2 best.
 GENERATOR_FRACTION = 0.25
+# The temperature the generator's samples are drawn at. At 1 (ELECTRA's), on the cram's budget, the small generator
+# learns word frequencies faster than the discriminator learns context, and detection falls back to calling every
+# token original; at 2 its samples stay easier to spot (docs/QUALITY.md, "Replaced-token detection").
+GENERATOR_TEMPERATURE = 1.0
 
 
 class SharedWordEmbedding(nn.Module):
@@ -87,10 +91,10 @@ class ReplacedTokenDetectionOutput(ModelOutput):
     discriminator_loss: torch.Tensor | None = None
 
 
-def sample_from(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """One token per row of `logits` `(rows, vocab)`, drawn by inverse CDF with the uniform numbers `noise`
-    `(rows,)`: the first token whose cumulative probability exceeds the number."""
-    cumulative = logits.float().softmax(-1).cumsum(-1)
+def sample_from(logits: torch.Tensor, noise: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """One token per row of `logits` `(rows, vocab)` at `temperature`, drawn by inverse CDF with the uniform numbers
+    `noise` `(rows,)`: the first token whose cumulative probability exceeds the number."""
+    cumulative = (logits.float() / temperature).softmax(-1).cumsum(-1)
     return torch.searchsorted(cumulative, noise.float()[:, None]).squeeze(-1).clamp_max(logits.shape[-1] - 1)
 
 
@@ -98,8 +102,13 @@ class ReplacedTokenDetection(nn.Module):
     """Generator and discriminator, trained together; the discriminator alone is kept."""
 
     def __init__(self, discriminator: SineBertForPreTraining, fraction: float = GENERATOR_FRACTION,
-                 weight: float = DISCRIMINATOR_WEIGHT, mlm_probability: float = 0.15):
+                 weight: float = DISCRIMINATOR_WEIGHT, mlm_probability: float = 0.15,
+                 temperature: float = GENERATOR_TEMPERATURE):
         super().__init__()
+        if not temperature > 0:
+            raise UserError(f"--generator_temperature must be above 0, got {temperature}: the temperature the "
+                            "generator's samples are drawn at (1: its own distribution; above 1: flatter).")
+        self.temperature = temperature
         self.discriminator = discriminator
         self.generator = SineBertForMaskedLM(generator_config(discriminator.config, fraction))
         shared, width = discriminator.get_input_embeddings(), self.generator.config.hidden_size
@@ -128,7 +137,7 @@ class ReplacedTokenDetection(nn.Module):
                                    labels=labels)
         masked = labels != -100
         with torch.no_grad():
-            samples = sample_from(generated.logits, sample_noise[masked])
+            samples = sample_from(generated.logits, sample_noise[masked], self.temperature)
         original = torch.where(masked, labels, input_ids)
         corrupted = original.masked_scatter(masked, samples)
         replaced = (corrupted != original).long().masked_fill(attention_mask == 0, -100)
