@@ -52,8 +52,10 @@ def test_the_loss_is_the_generators_cross_entropy_plus_the_weighted_detection_lo
         probabilities = [math.exp(x - max(logits)) for x in logits]
         probabilities = [p / sum(probabilities) for p in probabilities]
         cross_entropy -= math.log(probabilities[int(inputs["labels"][i, j])])
+        sampled = [math.exp((x - max(logits)) / model.temperature) for x in logits]  # at the model's temperature
+        sampled = [p / sum(sampled) for p in sampled]
         running, u = 0.0, float(inputs["sample_noise"][i, j])
-        for token, p in enumerate(probabilities):  # the first token whose cumulative probability reaches u
+        for token, p in enumerate(sampled):  # the first token whose cumulative probability reaches u
             running += p
             if running >= u:
                 break
