@@ -96,6 +96,7 @@ def test_the_model_samples_at_its_temperature():
     masked = inputs["labels"] != -100
     assert out.replaced[masked].tolist() == (inputs["labels"][masked] != favourite).long().tolist()
 
+
 def test_the_generator_reads_and_writes_through_the_discriminators_word_embeddings():
     model = rtd_model()
     words = model.discriminator.get_input_embeddings().weight

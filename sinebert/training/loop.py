@@ -80,9 +80,10 @@ class TrainerState:
 
 # The arguments whose change would make a resumed run another run than the one its checkpoint began: the optimizer,
 # its schedule and the batches. A rerun that resumes must give the same (a changed one is refused, not ignored).
-RESUME_SETTINGS = ("learning_rate", "embedding_learning_rate", "layerwise_lr_decay", "weight_decay", "adam_beta1", "adam_beta2",
-                   "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "num_warmup_steps", "warmup_ratio",
-                   "per_device_train_batch_size", "gradient_accumulation_steps", "mlm_probability", "seed")
+RESUME_SETTINGS = ("learning_rate", "embedding_learning_rate", "layerwise_lr_decay", "weight_decay", "adam_beta1",
+                   "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "num_warmup_steps",
+                   "warmup_ratio", "per_device_train_batch_size", "gradient_accumulation_steps", "mlm_probability",
+                   "seed")
 
 
 def setup_accelerator(args) -> Accelerator:
