@@ -25,9 +25,9 @@ def test_a_bf16_step_runs_under_autocast_and_its_outputs_are_not_copied_to_fp32(
     accelerator = setup_accelerator(args)
     model, reference, rows, batch = classifier_step_setup()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        expected_logits = reference(**batch).logits
-        loss = reference(**batch).loss
-    loss.backward()
+        out = reference(**batch)
+    out.loss.backward()
+    expected_logits = out.logits
     expected = {name: p.grad for name, p in reference.named_parameters() if p.grad is not None}
 
     trainer = classifier_trainer(args, accelerator, model, rows)
