@@ -24,6 +24,7 @@ from sinebert.training.classification import (
 )
 from sinebert.training.errors import run_cli
 from sinebert.training.finetune import (
+    CLASSIFICATION_FGM,
     PaddingCollator,
     finetune_parser,
     finish,
@@ -36,7 +37,8 @@ from sinebert.training.models import load_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = finetune_parser(__doc__, script="glue", max_length=128, batch_size=32)
+    parser = finetune_parser(__doc__, script="glue", max_length=128, batch_size=32,
+                             adversarial_epsilon=CLASSIFICATION_FGM)
     group = parser.add_argument_group("classification")
     group.add_argument("--task_name", choices=sorted(GLUE_TASKS), help="A GLUE task, loaded from the hub.")
     group.add_argument("--text_column_name", help="Column of the (first) text (default: found by its usual name).")

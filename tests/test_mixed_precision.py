@@ -21,7 +21,7 @@ def bf16_state():
 def test_a_bf16_step_runs_under_autocast_and_its_outputs_are_not_copied_to_fp32(tmp_path, bf16_state):
     script = load_script("finetune_classification")
     args = script.parse_args(["--train_file", "unused.tsv", "--output_dir", str(tmp_path), "--max_grad_norm", "0",
-                              "--mixed_precision", "bf16"])
+                              "--mixed_precision", "bf16", "--adversarial_epsilon", "0"])
     accelerator = setup_accelerator(args)
     model, reference, rows, batch = classifier_step_setup()
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from accelerate.utils import DistributedType
 
 from sinebert.training import finetune
 from sinebert.training.finetune import fit_schedule, learning_rate_for
@@ -13,13 +14,14 @@ from tests.conftest import launch_script, load_script
 from tests.fixtures import corpus
 
 
-def parse(*argv):
-    return load_script("finetune_classification").parse_args(["--output_dir", "unused", *map(str, argv)])
+def parse(*argv, script="finetune_classification"):
+    return load_script(script).parse_args(["--output_dir", "unused", *map(str, argv)])
 
 
-def accelerator(processes: int = 1):
+def accelerator(processes: int = 1, distributed_type=DistributedType.NO):
     printed = []
-    return SimpleNamespace(num_processes=processes, print=printed.append, printed=printed)
+    return SimpleNamespace(num_processes=processes, distributed_type=distributed_type, print=printed.append,
+                           printed=printed)
 
 
 def test_the_learning_rate_falls_as_one_over_the_square_root_of_the_rows():
@@ -37,7 +39,8 @@ def test_an_open_command_line_gets_a_length_a_cadence_patience_and_the_best_weig
     assert args.eval_steps == 100  # ten evaluations over the 999 steps
     assert args.early_stopping_patience == finetune.PATIENCE and args.load_best_model_at_end is True
     (line,) = machine.printed
-    assert line.startswith("Schedule for 4,750 training rows: learning rate 0.00023; 6.7 epochs (999 steps)")
+    assert line.startswith("Schedule for 4,750 training rows: learning rate 0.00023; adversarial word embeddings "
+                           "0.25; 6.7 epochs (999 steps)")
 
 
 def test_small_sets_get_at_most_twenty_epochs_and_large_ones_at_least_one():
@@ -64,16 +67,33 @@ def test_what_the_user_gives_is_kept_and_a_given_length_is_trained_in_full():
         fit_schedule(args, machine, rows=1000)
         assert args.learning_rate == pytest.approx(5e-4)  # still chosen: it was not given
         assert (args.eval_steps, args.early_stopping_patience, args.load_best_model_at_end) == (None, None, None)
-        assert machine.printed == ["Schedule for 1,000 training rows: learning rate 0.0005."]
+        assert machine.printed == [
+            "Schedule for 1,000 training rows: learning rate 0.0005; adversarial word embeddings 0.25."]
 
 
 def test_a_config_file_counts_as_given(tmp_path):
     config = tmp_path / "run.yaml"
-    config.write_text("learning_rate: 2.0e-4\nnum_train_epochs: 3\n")
+    config.write_text("learning_rate: 2.0e-4\nnum_train_epochs: 3\nadversarial_epsilon: 0.5\n")
     args, machine = parse("--config_file", config), accelerator()
     fit_schedule(args, machine, rows=1000)
     assert (args.learning_rate, args.num_train_epochs, args.early_stopping_patience) == (2e-4, 3, None)
-    assert machine.printed == []
+    assert args.adversarial_epsilon == 0.5 and machine.printed == []
+
+
+def test_classification_takes_fgm_unless_told_or_sharded_and_the_other_tasks_do_not():
+    def chosen(*argv, script="finetune_classification", distributed_type=DistributedType.NO):
+        args = parse("--num_train_epochs", 1, *argv, script=script)
+        machine = accelerator(distributed_type=distributed_type)
+        fit_schedule(args, machine, rows=1000)
+        return args.adversarial_epsilon, machine.printed[0]
+
+    assert chosen() == (finetune.CLASSIFICATION_FGM, "Schedule for 1,000 training rows: learning rate 0.0005; "
+                        "adversarial word embeddings 0.25.")
+    assert chosen("--adversarial_epsilon", 0)[0] == 0.0
+    epsilon, line = chosen(distributed_type=DistributedType.FSDP)  # FSDP refuses FGM; an open default is not FGM
+    assert epsilon == 0.0 and line.endswith("adversarial word embeddings 0 (FGM is off under FSDP).")
+    for script in ("finetune_ner", "finetune_qa"):
+        assert chosen(script=script) == (0.0, "Schedule for 1,000 training rows: learning rate 0.0005.")
 
 
 @pytest.mark.slow
@@ -86,7 +106,10 @@ def test_a_run_given_only_its_files_stops_early_and_ends_with_its_best_weights(t
     out = tmp_path / "run"
     result = launch_script("finetune_classification", "--train_file", tmp_path / "train.tsv", "--tokenizer_name",
                            tmp_path / "tok", "--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 2,
-                           "--intermediate_size", 64, "--scale_embeddings", "--output_dir", out)
+                           "--intermediate_size", 64, "--scale_embeddings", "--adversarial_epsilon", 0,
+                           "--output_dir", out)
+    # Without FGM: at this width a step of 0.25 is a fifth of the norm of a batch's word vectors (at hidden 256,
+    # 2%) and holds the model at chance past the run's first half, where early stopping ends it.
     assert "Schedule for 760 training rows: learning rate 0.0005; 20 epochs (480 steps)" in result.stdout
     results = json.loads((out / "all_results.json").read_text())
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

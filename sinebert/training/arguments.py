@@ -140,8 +140,9 @@ def add_model_arguments(parser: argparse.ArgumentParser):
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: float | None, batch_size: int,
-                           epochs: float | None):
-    """`learning_rate` / `epochs` None: the script chooses them from its data (the fine-tuning scripts)."""
+                           epochs: float | None, adversarial_epsilon: float = 0.0):
+    """`learning_rate` / `epochs` None: the script chooses them from its data (the fine-tuning scripts). A nonzero
+    `adversarial_epsilon` is the script's FGM when --adversarial_epsilon is not given (`fit_schedule` sets it)."""
     group = parser.add_argument_group("training")
     group.add_argument("--output_dir", required=True, help="Where checkpoints, logs and the final model go.")
     group.add_argument("--overwrite_output_dir", action="store_true", help="Replace a different run in --output_dir.")
@@ -188,9 +189,12 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--gradient_checkpointing", action="store_true", help="Trade compute for activation memory.")
     group.add_argument("--torch_compile", action="store_true", help="Compile the model with torch.compile.")
     group.add_argument(
-        "--adversarial_epsilon", type=float, default=0.0,
-        help="Also train on the word embeddings moved by this norm up the loss gradient (FGM); 0 disables it.",
+        "--adversarial_epsilon", type=float, default=None if adversarial_epsilon else 0.0,
+        help="Also train on the word embeddings moved by this norm up the loss gradient (FGM); 0 disables it"
+             + (f" (default: {adversarial_epsilon:g}, or 0 under FSDP, which cannot run it)." if adversarial_epsilon
+                else "."),
     )
+    parser.set_defaults(default_adversarial_epsilon=adversarial_epsilon)
     group.add_argument(
         "--checkpointing_steps", type=_steps_or_epoch, default=None,
         help="Save a resumable checkpoint every N optimizer steps, or 'epoch'.",

@@ -83,7 +83,7 @@ class TrainerState:
 RESUME_SETTINGS = ("learning_rate", "embedding_learning_rate", "layerwise_lr_decay", "weight_decay", "adam_beta1",
                    "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "num_warmup_steps",
                    "warmup_ratio", "per_device_train_batch_size", "gradient_accumulation_steps", "mlm_probability",
-                   "seed")
+                   "adversarial_epsilon", "seed")
 
 
 def setup_accelerator(args) -> Accelerator:
