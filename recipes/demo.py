@@ -1,4 +1,4 @@
-"""`make demo`: the whole sinebert path on real public data, in under 20 minutes on a 2-core CPU (15 to 17 measured).
+"""`make demo`: the whole sinebert path on real public data, in under 20 minutes on a 2-core CPU (16 to 18 measured).
 
     python -m recipes.demo            # default: outputs in runs/demo
     python -m recipes.demo --smoke    # a tiny version in 1-2 minutes (runs/demo-smoke); also DEMO=smoke make demo
