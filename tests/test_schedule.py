@@ -1,6 +1,6 @@
 """The fine-tuning schedule chosen from the data when the command line leaves it open (finetune.fit_schedule): the
 learning rate from the number of training rows, a run of about STEP_TARGET steps, early stopping and the best
-weights; and nothing chosen over what the user gave."""
+weights, classification's FGM; and nothing chosen over what the user gave."""
 
 import json
 from types import SimpleNamespace
