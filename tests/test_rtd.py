@@ -39,6 +39,11 @@ def batch() -> dict:
             "labels": torch.where(masked, ids, -100), "sample_noise": torch.rand(2, 9, generator=generator)}
 
 
+def softmax(logits: list[float], temperature: float = 1.0) -> list[float]:
+    weights = [math.exp((x - max(logits)) / temperature) for x in logits]
+    return [w / sum(weights) for w in weights]
+
+
 def test_the_loss_is_the_generators_cross_entropy_plus_the_weighted_detection_loss():
     model, inputs = rtd_model(), batch()
     with torch.no_grad():
@@ -46,23 +51,20 @@ def test_the_loss_is_the_generators_cross_entropy_plus_the_weighted_detection_lo
         generator_logits = model.generator(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                                            labels=inputs["labels"]).logits  # (5 masked, 99)
     masked = (inputs["labels"] != -100).nonzero().tolist()
-    corrupted = torch.where(inputs["labels"] != -100, inputs["labels"], inputs["input_ids"])
+    original = torch.where(inputs["labels"] != -100, inputs["labels"], inputs["input_ids"])
+    corrupted = original.clone()
     cross_entropy = 0.0
     for row, ((i, j), logits) in enumerate(zip(masked, generator_logits.tolist())):
-        probabilities = [math.exp(x - max(logits)) for x in logits]
-        probabilities = [p / sum(probabilities) for p in probabilities]
-        cross_entropy -= math.log(probabilities[int(inputs["labels"][i, j])])
-        sampled = [math.exp((x - max(logits)) / model.temperature) for x in logits]  # at the model's temperature
-        sampled = [p / sum(sampled) for p in sampled]
+        cross_entropy -= math.log(softmax(logits)[int(inputs["labels"][i, j])])
+        # The sample: the first token whose cumulative probability at the model's temperature reaches u.
         running, u = 0.0, float(inputs["sample_noise"][i, j])
-        for token, p in enumerate(sampled):  # the first token whose cumulative probability reaches u
+        for token, p in enumerate(softmax(logits, model.temperature)):
             running += p
             if running >= u:
                 break
         corrupted[i, j] = token
     with torch.no_grad():
         judged = model.discriminator(input_ids=corrupted, attention_mask=inputs["attention_mask"]).logits
-    original = torch.where(inputs["labels"] != -100, inputs["labels"], inputs["input_ids"])
     detection = 0.0
     for i in range(2):
         for j in range(9):
