@@ -1,11 +1,13 @@
 """Time to accuracy on the cram's pretraining text: sinebert against transformers' ModernBERT, each by the clock.
 
-    python benchmarks/time_to_accuracy.py               # ModernBERT 20 minutes, sinebert 10: about 40 minutes
+    python benchmarks/time_to_accuracy.py               # ModernBERT 20 minutes, each sinebert 10: about 40 minutes
     python benchmarks/time_to_accuracy.py --minutes 4   # shorter
+    python benchmarks/time_to_accuracy.py --contenders modernbert sinebert sinebert_dropping   # token dropping
 
 The question of issue 32: does sinebert reach, in half the time, the held-out masked-token accuracy that ModernBERT
-reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe)
-and sinebert with token dropping get half as many. Every model has the same size as the cram's (hidden 256, 4 layers,
+reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
+sinebert with a GLU feed-forward of the same FLOPs (`mlp_type="glu"`, width 2/3 of the recipe's, as ModernBERT's) and,
+if asked, sinebert with token dropping get half as many. Every model has the same size as the cram's (hidden 256, 4 layers,
 vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same order with the same
 masks, and trains with the cram's optimizer settings (AdamW, peak learning rate 1e-3, betas 0.9/0.98, weight decay
 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs on each model's own training
@@ -51,7 +53,9 @@ BETAS = (0.9, _RECIPE["adam_beta2"])
 EVAL_BLOCKS, EVALUATIONS = 256, 10
 # (name, label, share of --minutes): the peer gets the whole budget, sinebert half.
 CONTENDERS = (("modernbert", "ModernBERT", 1.0), ("sinebert", "sinebert", 0.5),
+              ("sinebert_glu", "sinebert, GLU feed-forward", 0.5),
               ("sinebert_dropping", "sinebert, token dropping", 0.5))
+DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 # Three layers: token dropping leaves out the first and the last.
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
 
@@ -106,16 +110,22 @@ def seconds_to_reach(curve: list, accuracy: float) -> float | None:
     return None
 
 
+def glu_settings(dims: dict) -> dict:
+    """A GLU feed-forward of the FLOPs of `dims`' plain one: width 2/3 of its intermediate size, rounded to a
+    multiple of 16 (bf16 products on a CPU are faster at such widths)."""
+    return {"mlp_type": "glu", "intermediate_size": 16 * round(2 * dims["intermediate_size"] / 3 / 16)}
+
+
 def build(name: str, vocab: int, dims: dict, precision: str, **overrides) -> torch.nn.Module:
     """ModernBERT (`name` "modernbert") or sinebert with the cram's pretraining settings, token dropping for
-    "sinebert_dropping", and `overrides` of them."""
+    "sinebert_dropping", a GLU feed-forward for "sinebert_glu", and `overrides` of them."""
     torch.manual_seed(0)
     if name == "modernbert":
         attention = "eager" if precision == "bf16" else "sdpa"  # the faster in speed.py's rows here
         return speed.ModernBertForMaskedLM(speed.modernbert_config(dims, attention, vocab)).to(speed.DEVICE)
-    extra = speed.TOKEN_DROPPING if name == "sinebert_dropping" else {}
-    config = SineBertConfig(**dims, vocab_size=vocab, max_position_embeddings=512,
-                            **speed.pretraining_settings() | extra | overrides)
+    extra = {"sinebert_dropping": speed.TOKEN_DROPPING, "sinebert_glu": glu_settings(dims)}.get(name, {})
+    config = SineBertConfig(**dims | speed.pretraining_settings() | extra | overrides, vocab_size=vocab,
+                            max_position_embeddings=512)
     return SineBertForMaskedLM(config).to(speed.DEVICE)
 
 
@@ -163,10 +173,11 @@ class Batches:
                 "held_out_masked_tokens": int((self.held["labels"] != -100).sum())}
 
 
-def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int) -> dict:
+def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int,
+        names: tuple = DEFAULT_CONTENDERS) -> dict:
     batches = Batches.of(train_lines, held_lines, vocab)
     contenders = [Contender(name, build(name, batches.vocab, dims, precision), 60 * minutes * share)
-                  for name, _, share in CONTENDERS]
+                  for name, _, share in CONTENDERS if name in names]
     marks = {c.name: 0 for c in contenders}  # evaluations done
     while (contender := next_contender(contenders)) is not None:
         if contender.share >= marks[contender.name] / EVALUATIONS:
@@ -191,7 +202,7 @@ def verdict(report: dict) -> dict:
     curves = report["curves"]
     target = curves["modernbert"]["points"][-1][2]
     result = {"modernbert_accuracy": target, "modernbert_seconds": curves["modernbert"]["points"][-1][0]}
-    for name in ("sinebert", "sinebert_dropping"):
+    for name in (name for name in curves if name != "modernbert"):
         points = curves[name]["points"]
         result[f"{name}_accuracy"] = points[-1][2]
         result[f"{name}_seconds_to_target"] = seconds_to_reach(points, target)
@@ -199,9 +210,13 @@ def verdict(report: dict) -> dict:
     return result
 
 
+def contenders_in(report: dict) -> list[tuple[str, str]]:
+    """(name, label) of the contenders that ran, in CONTENDERS' order."""
+    return [(name, label) for name, label, _ in CONTENDERS if name in report["curves"]]
+
+
 def markdown(report: dict) -> str:
-    result, curves = report["verdict"], report["curves"]
-    labels = {name: label for name, label, _ in CONTENDERS}
+    result, curves, ran = report["verdict"], report["curves"], contenders_in(report)
     lines = [
         f"Time to accuracy on {report['text']}, {report['date']}, {report['machine']}, {report['precision']};"
         f" hidden {report['dims']['hidden_size']}, {report['dims']['num_hidden_layers']} layers, vocabulary "
@@ -212,25 +227,25 @@ def markdown(report: dict) -> str:
         "| seconds to reach ModernBERT's |",
         "|---|---|---|---|---|---|",
     ]
-    for name, label, _ in CONTENDERS:
+    for name, label in ran:
         curve = curves[name]
         reach = result.get(f"{name}_seconds_to_target")
         reach = "-" if name == "modernbert" else ("not reached" if reach is None else f"{reach:.0f}")
         lines.append(f"| {label} | {curve['budget_seconds'] / 60:g} | {curve['steps']:,} | "
                      f"{curve['steps'] * report['batch'] * report['seq'] / 1e6:.2f} | "
                      f"{100 * curve['points'][-1][2]:.1f} | {reach} |")
-    lines += ["", "| share of the budget | " + " | ".join(labels[n] for n, _, _ in CONTENDERS) + " |",
-              "|---|" + "---|" * len(CONTENDERS)]
+    lines += ["", "| share of the budget | " + " | ".join(label for _, label in ran) + " |",
+              "|---|" + "---|" * len(ran)]
     for i in range(len(curves["modernbert"]["points"])):
         cells = []
-        for name, _, _ in CONTENDERS:
+        for name, _ in ran:
             points = curves[name]["points"]
             cells.append(f"{100 * points[i][2]:.1f} ({points[i][0]:.0f} s)" if i < len(points) else "")
         lines.append(f"| {min(i, EVALUATIONS) / EVALUATIONS:.0%} | " + " | ".join(cells) + " |")
-    for name in ("sinebert", "sinebert_dropping"):
+    for name, label in ran[1:]:
         met = "met" if result[f"{name}_meets_target"] else "not met"
         lines.append("")
-        lines.append(f"{labels[name]} after {curves[name]['budget_seconds'] / 60:g} minutes: "
+        lines.append(f"{label} after {curves[name]['budget_seconds'] / 60:g} minutes: "
                      f"{100 * result[f'{name}_accuracy']:.1f}% against ModernBERT's "
                      f"{100 * result['modernbert_accuracy']:.1f}% after {result['modernbert_seconds'] / 60:.1f}: "
                      f"target {met}.")
@@ -244,7 +259,7 @@ def plot(report: dict, path: Path):
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6.5, 4))
-    for (name, label, _), style in zip(CONTENDERS, ("d-", "s-", "^-")):
+    for (name, label), style in zip(contenders_in(report), ("d-", "s-", "^-", "o-")):
         points = report["curves"][name]["points"]
         axis.plot([p[0] / 60 for p in points], [100 * p[2] for p in points], style, label=label)
     axis.set_xlabel("training minutes (each model's own clock)")
@@ -292,12 +307,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=20.0, help="ModernBERT's budget; sinebert gets half.")
     parser.add_argument("--tiny", action="store_true", help="Tiny models and vocabulary: checks that it runs.")
+    parser.add_argument("--contenders", nargs="+", choices=[name for name, _, _ in CONTENDERS],
+                        default=DEFAULT_CONTENDERS, help="Which models race (default: %(default)s); ModernBERT always.")
     add_text_arguments(parser)
     args = parser.parse_args(argv)
+    if "modernbert" not in args.contenders:
+        parser.error("--contenders must include modernbert, the accuracy every sinebert is held to.")
     precision = precision_here()
     train_lines, held_lines, text = text_of(args)
     dims = TINY if args.tiny else speed.SIZES["small"]
-    report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB)
+    report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB,
+                 tuple(args.contenders))
     report |= {"text": text, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),
                "torch": torch.__version__, "platform": platform.platform(),
                "command": "python benchmarks/time_to_accuracy.py " + " ".join(argv or sys.argv[1:])}

@@ -38,7 +38,7 @@ from sinebert.training.mlm import (
     original_ids,
     pack_dataset,
 )
-from sinebert.training.models import add_size_arguments, load_pretrained, load_tokenizer
+from sinebert.training.models import add_size_arguments, load_pretrained, load_tokenizer, size_line
 from sinebert.training.reporting import write_model_card
 from sinebert.training.rtd import (
     DISCRIMINATOR_WEIGHT,
@@ -249,9 +249,7 @@ def main(argv=None):
             results=results,
             details={
                 "data": args.dataset_name or ", ".join(Path(f).name for f in args.train_file or []),
-                "size": f"hidden {model.config.hidden_size}, {model.config.num_hidden_layers} layers, "
-                        f"{model.config.num_attention_heads} heads, FFN {model.config.intermediate_size}, "
-                        f"vocabulary {model.config.vocab_size}",
+                "size": size_line(model.config),
                 "steps": f"{results['train_steps']} of batch {args.per_device_train_batch_size} x "
                          f"{accelerator.num_processes} processes x {args.gradient_accumulation_steps} accumulation",
                 "word embeddings": Path(args.init_word_embeddings or args.model_name_or_path or "random").name,

@@ -311,16 +311,21 @@ class SineBertAttention(nn.Module):
 
 
 class SineBertMLP(nn.Module):
-    """Position-wise feed-forward network: Linear(d, ffn) -> activation -> Linear(ffn, d)."""
+    """Position-wise feed-forward network: Linear(d, ffn) -> activation -> Linear(ffn, d); with `mlp_type="glu"`,
+    Linear(d, 2 ffn) split into a gate and a value, activation(gate) * value -> Linear(ffn, d)."""
 
     def __init__(self, config: SineBertConfig):
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.gated = config.mlp_type == "glu"
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size * (2 if self.gated else 1))
         self.act = ACT2FN[config.hidden_act]
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(hidden_states)))
+        if not self.gated:
+            return self.fc2(self.act(self.fc1(hidden_states)))
+        gate, value = self.fc1(hidden_states).chunk(2, dim=-1)  # each (..., ffn)
+        return self.fc2(self.act(gate) * value)
 
 
 class SineBertLayer(GradientCheckpointingLayer):

@@ -175,6 +175,47 @@ def test_rotary_model_adds_no_position_to_the_embeddings_and_round_trips(tmp_pat
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+def test_glu_feed_forward_matches_numpy_and_round_trips(tmp_path):
+    """mlp_type="glu": gelu(x W_gate + b_gate) * (x W_value + b_value), then the output projection."""
+    torch.manual_seed(0)
+    model = SineBertForMaskedLM(tiny_config(mlp_type="glu")).eval()
+    mlp = model.sinebert.layers[0].mlp
+    assert tuple(mlp.fc1.weight.shape) == (2 * 37, 32) and tuple(mlp.fc2.weight.shape) == (32, 37)
+    x = torch.randn(3, 5, 32)
+    w1, b1, w2, b2 = (t.detach().double().numpy() for t in (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight,
+                                                             mlp.fc2.bias))
+    inner = x.double().numpy() @ w1.T + b1
+    gate, value = inner[..., :37], inner[..., 37:]
+    gelu = 0.5 * gate * (1 + np.vectorize(math.erf)(gate / math.sqrt(2)))
+    with torch.no_grad():
+        np.testing.assert_allclose(mlp(x).double().numpy(), (gelu * value) @ w2.T + b2, atol=1e-5)
+    model.save_pretrained(tmp_path)
+    loaded = SineBertForMaskedLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(5, 99, (2, 7))
+    assert loaded.config.mlp_type == "glu"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_glu_masked_only_training_step_matches_the_reference_with_gradients():
+    """The padding-free path with the last layer computing only the masked rows, through a gated feed-forward."""
+    eager, fast = _model_pair(SineBertForMaskedLM, mlp_type="glu", sparse_prediction=True)
+    inputs = _inputs(batch=3, seq=10)
+    inputs["attention_mask"][0, 4:] = 0
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[:, 1::3] = inputs["input_ids"][:, 1::3]
+    labels[inputs["attention_mask"] == 0] = -100
+    losses = []
+    for model in (eager, fast):
+        model.train()
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), fast.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_attention_float32_matches_numpy_and_empty_rows_are_zero():
     config = tiny_config()
     config._attn_implementation = "sdpa"
@@ -889,6 +930,7 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
         (dict(position_embedding_type="rotary", hidden_size=36, num_attention_heads=4), "odd head size"),
         (dict(position_embedding_type="rotary", rope_theta=1.0), "rope_theta"),
         (dict(hidden_act="swishy"), "swishy"),
+        (dict(mlp_type="swiglu"), "swiglu"),
         (dict(num_hidden_layers=0), "num_hidden_layers"),
         (dict(vocab_size=-5), "-5"),
         (dict(intermediate_size=0), "intermediate_size"),

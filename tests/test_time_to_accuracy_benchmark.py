@@ -53,9 +53,11 @@ def test_a_tiny_run_spends_each_budget_and_reports_it(tmp_path):
     tta = load_benchmark()
     text = ROOT / "tests" / "fixtures" / "sotu.txt"
     # 6 s for ModernBERT, 3 for each sinebert
-    tta.main(["--tiny", "--minutes", "0.1", "--train_file", str(text), "--output_dir", str(tmp_path)])
+    tta.main(["--tiny", "--minutes", "0.1", "--train_file", str(text), "--output_dir", str(tmp_path),
+              "--contenders", "modernbert", "sinebert_glu", "sinebert_dropping"])
     report = json.loads((tmp_path / "time_to_accuracy.json").read_text())
     budgets = {name: 6 * share for name, _, share in tta.CONTENDERS}
+    assert list(report["curves"]) == ["modernbert", "sinebert_glu", "sinebert_dropping"]
     for name, curve in report["curves"].items():
         points = curve["points"]
         assert curve["budget_seconds"] == pytest.approx(budgets[name])
@@ -66,10 +68,29 @@ def test_a_tiny_run_spends_each_budget_and_reports_it(tmp_path):
         assert points[-1][0] >= curve["budget_seconds"] and points[-1][1] == curve["steps"] > 0
     verdict = report["verdict"]
     assert verdict["modernbert_accuracy"] == report["curves"]["modernbert"]["points"][-1][2]
-    assert verdict["sinebert_meets_target"] == (verdict["sinebert_accuracy"] >= verdict["modernbert_accuracy"])
+    assert verdict["sinebert_glu_meets_target"] == (verdict["sinebert_glu_accuracy"] >=
+                                                    verdict["modernbert_accuracy"])
     table = (tmp_path / "time_to_accuracy.md").read_text()
     assert "| sinebert, token dropping | 0.05 |" in table and "| 0% |" in table
+    assert "| sinebert, GLU feed-forward | 0.05 |" in table and "| sinebert |" not in table
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 0
+
+
+def test_the_glu_contender_has_the_feed_forward_flops_of_the_recipe():
+    tta = load_benchmark()
+    dims = tta.speed.SIZES["small"]
+    model = tta.build("sinebert_glu", 500, dims, "fp32")
+    mlp = model.sinebert.layers[0].mlp
+    assert model.config.mlp_type == "glu" and model.config.intermediate_size % 16 == 0
+    plain = 2 * dims["hidden_size"] * dims["intermediate_size"]  # weights of the recipe's two projections
+    assert abs(mlp.fc1.weight.numel() + mlp.fc2.weight.numel() - plain) / plain < 0.02
+
+
+def test_time_to_accuracy_refuses_a_race_without_modernbert(capsys):
+    tta = load_benchmark()
+    with pytest.raises(SystemExit) as exit_info:
+        tta.main(["--tiny", "--contenders", "sinebert"])
+    assert exit_info.value.code == 2 and "must include modernbert" in capsys.readouterr().err
 
 
 def test_per_step_learning_trains_every_contender_the_same_steps_and_reports_each_quarter(tmp_path):

@@ -26,7 +26,7 @@ from .arguments import (
 from .errors import UserError
 from .hub import add_hub_arguments, push_folder
 from .loop import Task, Trainer, check_step_memory, save_final, training_steps
-from .models import add_size_arguments, load_pretrained
+from .models import add_size_arguments, load_pretrained, size_line
 from .reporting import write_model_card
 from .sharding import is_sharded
 
@@ -330,8 +330,7 @@ def training_details(args, accelerator: Accelerator, model: nn.Module, results: 
     return {
         "data": args.dataset_name or ", ".join(Path(f).name for f in args.train_file or []),
         "started from": start,
-        "size": f"hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} "
-                f"heads, FFN {config.intermediate_size}, vocabulary {config.vocab_size}",
+        "size": size_line(config),
         "steps": f"{results['train_steps']} of batch {args.per_device_train_batch_size} x "
                  f"{accelerator.num_processes} processes x {args.gradient_accumulation_steps} accumulation",
         "max length": args.max_length,

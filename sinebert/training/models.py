@@ -5,13 +5,19 @@ from pathlib import Path
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer
 
-from ..configuration_sinebert import ATTENTION_INITS, NORM_PLACEMENTS, POSITION_EMBEDDING_TYPES, SineBertConfig
+from ..configuration_sinebert import (
+    ATTENTION_INITS,
+    MLP_TYPES,
+    NORM_PLACEMENTS,
+    POSITION_EMBEDDING_TYPES,
+    SineBertConfig,
+)
 from ..tokenization_sinebert import CASE_INPUT, with_case_ids, without_case_ids
 from .arguments import read_config_file
 from .errors import UserError, one_line
 
 SIZE_FLAGS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "norm_placement",
-              "scale_embeddings", "hidden_act", "attention_init", "position_embedding_type")
+              "scale_embeddings", "hidden_act", "mlp_type", "attention_init", "position_embedding_type")
 # Dropout is a training choice, not part of what a checkpoint learned: it applies over a checkpoint as well (the CPU
 # cram pretrains without dropout and fine-tunes with it).
 DROPOUT_FLAGS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
@@ -33,6 +39,8 @@ def add_size_arguments(parser):
     group.add_argument("--intermediate_size", type=int)
     group.add_argument("--norm_placement", choices=NORM_PLACEMENTS)
     group.add_argument("--hidden_act")
+    group.add_argument("--mlp_type", choices=MLP_TYPES,
+                       help="glu: a gated feed-forward layer, as ModernBERT's (SineBertConfig).")
     group.add_argument("--scale_embeddings", action="store_true", default=None)
     group.add_argument("--attention_init", choices=ATTENTION_INITS,
                        help="mimetic: attention starts by attending to similar and nearby tokens (SineBertConfig).")
@@ -108,6 +116,14 @@ def load_tokenizer(args):
     if getattr(args, "letter_case", None) is False:
         return without_case_ids(tokenizer)
     return tokenizer
+
+
+def size_line(config) -> str:
+    """The model's size as the model cards give it, e.g. "hidden 256, 4 layers, 4 heads, FFN 688 (GLU), vocabulary
+    16000"."""
+    ffn = f"{config.intermediate_size}{' (GLU)' if config.mlp_type == 'glu' else ''}"
+    return (f"hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads, "
+            f"FFN {ffn}, vocabulary {config.vocab_size}")
 
 
 def scratch_config(args, tokenizer, **task_values) -> SineBertConfig:
