@@ -7,8 +7,8 @@
 The question of issue 32: does sinebert reach, in half the time, the held-out masked-token accuracy that ModernBERT
 reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
 sinebert with a GLU feed-forward of the same FLOPs (`mlp_type="glu"`, width 2/3 of the recipe's, as ModernBERT's) and,
-if asked, sinebert with token dropping get half as many. Every model has the same size as the cram's (hidden 256, 4 layers,
-vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same order with the same
+if asked, sinebert with token dropping get half as many. Every model has the same size as the cram's (hidden 256, 4
+layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same order with the same
 masks, and trains with the cram's optimizer settings (AdamW, peak learning rate 1e-3, betas 0.9/0.98, weight decay
 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs on each model's own training
 clock, so each model's learning rate reaches 0 exactly when its budget is spent, on whatever machine. The models take
