@@ -9,11 +9,11 @@ By default sinebert with the cram's pretraining settings (configs/cram/pretrain.
 with the sinusoids added to the embeddings instead, and transformers' ModernBERT as benchmarks/speed.py builds it;
 `--contenders` adds sinebert with a GLU feed-forward of the same FLOPs (time_to_accuracy.py's), and sinebert with
 token dropping as speed.py runs it, keeping a random share of the unmasked tokens or those of the highest running loss
-(`token_dropping_policy`). Each at 4 layers of `--hidden` width (4 heads,
-feed-forward 4 x hidden), from scratch on the cram's pretraining text: the same batches and masks in the same order
-(benchmarks/time_to_accuracy.py's), the cram's optimizer and its schedule (warmup, then linear decay to 0) over
-`--steps` steps. Held-out accuracy on the cram's held-out lines every quarter of the steps; seconds per step beside
-it (the models run one after another, so those are noisier than speed.py's).
+(`token_dropping_policy`). Each at 4 layers of `--hidden` width (4 heads, feed-forward 4 x hidden), from scratch on
+the cram's pretraining text: the same batches and masks in the same order (benchmarks/time_to_accuracy.py's), the
+cram's optimizer and its schedule (warmup, then linear decay to 0) over `--steps` steps. Held-out accuracy on the
+cram's held-out lines every quarter of the steps; seconds per step beside it (the models run one after another, so
+those are noisier than speed.py's).
 Writes benchmarks/results/per_step_learning.{json,md}.
 """
 

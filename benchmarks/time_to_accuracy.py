@@ -202,7 +202,7 @@ def verdict(report: dict) -> dict:
     curves = report["curves"]
     target = curves["modernbert"]["points"][-1][2]
     result = {"modernbert_accuracy": target, "modernbert_seconds": curves["modernbert"]["points"][-1][0]}
-    for name in (name for name in curves if name != "modernbert"):
+    for name, _ in contenders_in(report)[1:]:  # every sinebert (ModernBERT comes first)
         points = curves[name]["points"]
         result[f"{name}_accuracy"] = points[-1][2]
         result[f"{name}_seconds_to_target"] = seconds_to_reach(points, target)
