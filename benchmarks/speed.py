@@ -266,14 +266,18 @@ def timed_pass(model, batches: list) -> float:
 
 
 def inference_throughput(precision: str, batches: list, repeats: int, compiled: bool = False) -> dict:
-    """Tokens/s of each model over `batches` (median of `repeats` passes after one untimed). `compiled`: every model
-    through `torch.compile(dynamic=True)` with inductor's freezing (weights folded in as constants, for serving),
-    and the seconds of each one's first, compiling pass."""
+    """Tokens/s of each model over `batches` (median of `repeats` passes after one untimed). `precision`: "fp32",
+    "bf16" (autocast over float32 weights) or "bf16 weights" (every model's weights cast to bf16, as
+    `from_pretrained(..., dtype=torch.bfloat16)` serves, no autocast). `compiled`: every model through
+    `torch.compile(dynamic=True)` with inductor's freezing (weights folded in as constants, for serving), and the
+    seconds of each one's first, compiling pass."""
     ours, theirs = (m.eval() for m in models("small", task="classification"))
     contenders = {"sinebert": ours, "bert": theirs,
                   "bert_eager": models("small", task="classification", bert_attention="eager")[1].eval(),
                   "modernbert": modernbert("small", "classification").eval(),
                   "modernbert_eager": modernbert("small", "classification", "eager").eval()}
+    if precision == "bf16 weights":
+        contenders = {name: model.to(torch.bfloat16) for name, model in contenders.items()}
     # ModernBERT takes no token_type_ids.
     inputs = {name: [{k: v for k, v in b.items() if k != "token_type_ids"} for b in batches]
               if name.startswith("modernbert") else batches for name in contenders}
@@ -586,6 +590,8 @@ def main():
     parser.add_argument("--inference_only", action="store_true", help="Measure only inference; print, do not save.")
     parser.add_argument("--compiled", action="store_true",
                         help="With --inference_only: every model torch.compile'd (dynamic shapes, freezing).")
+    parser.add_argument("--bf16_weights", action="store_true",
+                        help="With --inference_only: also every model with its weights cast to bf16, no autocast.")
     parser.add_argument("--kernels", action="store_true",
                         help="Time the full-attention kernels alone, and the bf16 roundings; print only.")
     args = parser.parse_args()
@@ -598,7 +604,7 @@ def main():
     # inference pass.
     native = DEVICE.type == "cuda" or cpu_has_native_bf16()
     if args.inference_only:
-        rows = inference_rows(args.quick, native, args.compiled)
+        rows = inference_rows(args.quick, native, args.compiled, args.bf16_weights)
         lines = inference_table(rows)
         if args.compiled:
             lines += [f"first (compiling) pass, {r['precision']}: "
@@ -627,11 +633,11 @@ def main():
         save(report)
 
 
-def inference_rows(quick: bool, native: bool, compiled: bool = False) -> list[dict]:
+def inference_rows(quick: bool, native: bool, compiled: bool = False, bf16_weights: bool = False) -> list[dict]:
     rows, batches = [], inference_batches(sst2_dev())
-    for p in ("fp32", "bf16"):
+    for p in ("fp32", "bf16") + (("bf16 weights",) if bf16_weights else ()):
         print(f"SST-2 dev inference: {p}{' compiled' if compiled else ''} ...", flush=True)
-        rows.append(inference_throughput(p, batches, 1 if quick or (p == "bf16" and not native) else 7, compiled))
+        rows.append(inference_throughput(p, batches, 1 if quick or (p != "fp32" and not native) else 7, compiled))
     return rows
 
 

@@ -821,6 +821,34 @@ def test_auto_classes_load_every_head(tmp_path):
         assert type(auto.from_pretrained(tmp_path)) is cls
 
 
+@pytest.mark.parametrize("recipe", [{}, dict(position_embedding_type="rotary", norm_placement="pre",
+                                             scale_embeddings=True, attention_init="mimetic", mlp_type="glu")],
+                         ids=["defaults", "pretraining recipe"])
+def test_bf16_weights_serve_every_head_as_float32_does(tmp_path, recipe):
+    """`from_pretrained(..., dtype=torch.bfloat16)`, as a server loads a checkpoint in half the memory: every head
+    computes in bf16 end to end (nothing promoted to float32 on the way, which would fail at the next bf16 matrix)
+    and gives float32's outputs at the real tokens of a padded batch, to bf16's precision."""
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    torch.manual_seed(0)
+    SineBertForMaskedLM(tiny_config(**recipe)).save_pretrained(tmp_path)
+    inputs = _inputs()
+    real = inputs["attention_mask"].bool()
+    for auto in (AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification,
+                 AutoModelForTokenClassification, AutoModelForQuestionAnswering):
+        torch.manual_seed(1)  # the same fresh task head in both
+        full = auto.from_pretrained(tmp_path).eval()
+        torch.manual_seed(1)
+        half = auto.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+        assert {p.dtype for p in half.parameters()} == {torch.bfloat16}, auto.__name__
+        expected, served = _first_output(full, inputs), _first_output(half, inputs)
+        assert served.dtype == torch.bfloat16, auto.__name__
+        if served.dim() == 3:  # per token: the padding's outputs are not compared
+            expected, served = expected[real], served[real]
+        torch.testing.assert_close(served.float(), expected, atol=0.03, rtol=0.03, msg=auto.__name__)
+
+
 def test_masked_lm_decoder_is_tied_and_sparse_prediction_gives_the_same_loss():
     model = SineBertForMaskedLM(tiny_config()).eval()
     assert model.decoder.weight is model.sinebert.embeddings.word_embeddings.weight
