@@ -4,6 +4,7 @@ same batches.
     python benchmarks/speed.py              # everything (about 26 minutes on 2 CPU cores)
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
     python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory or peak)
+    python benchmarks/speed.py --remeasure training --cell small fp32   # redo one training row
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
     python benchmarks/speed.py --inference_only --compiled  # the same with every model torch.compile'd (serving)
@@ -584,8 +585,11 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--curve_steps", type=int, default=200)
-    parser.add_argument("--remeasure", choices=("memory", "peak"),
+    parser.add_argument("--remeasure", choices=("memory", "peak", "training"),
                         help="Redo only this part of benchmarks/results/speed.json and rewrite the results.")
+    parser.add_argument("--cell", nargs=2, metavar=("SIZE", "PRECISION"),
+                        help="With --remeasure training: only this row (e.g. small fp32), where another job had "
+                             "shared the machine.")
     parser.add_argument("--profile", action="store_true", help="Profile one fp32 SST-2 dev inference pass of each.")
     parser.add_argument("--inference_only", action="store_true", help="Measure only inference; print, do not save.")
     parser.add_argument("--compiled", action="store_true",
@@ -612,7 +616,7 @@ def main():
                       for r in rows]
         return print("\n".join(lines))
     if args.remeasure:
-        return remeasure(args.remeasure)
+        return remeasure(args.remeasure, args.steps, tuple(args.cell) if args.cell else None)
     steps = 2 if args.quick else args.steps
     cells = [(size, p) for size in SIZES for p in ("fp32", "bf16") if native or p == "fp32" or size == "small"]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "native_bf16": native}
@@ -647,9 +651,13 @@ def memory_rows(cells: list[tuple[str, str]], native: bool) -> dict:
             for size, p in cells}
 
 
-def remeasure(part: str):
+def remeasure(part: str, steps: int, cell: tuple[str, str] | None = None):
     report = json.loads((RESULTS / "speed.json").read_text())
-    if part == "memory":
+    if part == "training":
+        report["training"] = [train_throughput(row["size"], row["precision"], steps, 2)
+                              if cell in (None, (row["size"], row["precision"])) else row
+                              for row in report["training"]]
+    elif part == "memory":
         cells = [tuple(key.split()) for key in report["memory"]]
         report["memory"] = memory_rows(cells, report["native_bf16"])
     else:
