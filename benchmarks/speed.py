@@ -1,7 +1,7 @@
 """sinebert against transformers' BERT and ModernBERT of identical dimensions, side by side in one process, on the
 same batches.
 
-    python benchmarks/speed.py              # everything (about 26 minutes on 2 CPU cores)
+    python benchmarks/speed.py              # everything (about 90 minutes on 2 CPU cores)
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
     python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory or peak)
     python benchmarks/speed.py --remeasure training --cell small fp32   # redo one training row
@@ -615,6 +615,8 @@ def main():
                       + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in r["compile_seconds"].items())
                       for r in rows]
         return print("\n".join(lines))
+    if args.cell and args.remeasure != "training":
+        parser.error("--cell goes with --remeasure training.")
     if args.remeasure:
         return remeasure(args.remeasure, args.steps, tuple(args.cell) if args.cell else None)
     steps = 2 if args.quick else args.steps
@@ -654,6 +656,8 @@ def memory_rows(cells: list[tuple[str, str]], native: bool) -> dict:
 def remeasure(part: str, steps: int, cell: tuple[str, str] | None = None):
     report = json.loads((RESULTS / "speed.json").read_text())
     if part == "training":
+        if cell and cell not in {(row["size"], row["precision"]) for row in report["training"]}:
+            raise SystemExit(f"--cell {' '.join(cell)}: no such training row in the saved results.")
         report["training"] = [train_throughput(row["size"], row["precision"], steps, 2)
                               if cell in (None, (row["size"], row["precision"])) else row
                               for row in report["training"]]
