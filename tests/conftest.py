@@ -58,6 +58,20 @@ def no_network():
     assert socket.socket.connect is guard._guarded_connect
 
 
+def auto_heads() -> list[tuple[type, type]]:
+    """Each of transformers' Auto classes that serve sinebert, with the sinebert class it loads."""
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    from sinebert import (SineBertForMaskedLM, SineBertForQuestionAnswering, SineBertForSequenceClassification,
+                          SineBertForTokenClassification, SineBertModel)
+
+    return [(AutoModel, SineBertModel), (AutoModelForMaskedLM, SineBertForMaskedLM),
+            (AutoModelForSequenceClassification, SineBertForSequenceClassification),
+            (AutoModelForTokenClassification, SineBertForTokenClassification),
+            (AutoModelForQuestionAnswering, SineBertForQuestionAnswering)]
+
+
 def tiny_config(**overrides):
     from sinebert import SineBertConfig
 

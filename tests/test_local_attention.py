@@ -15,7 +15,7 @@ from sinebert import SineBertConfig, SineBertForMaskedLM, SineBertForSequenceCla
 from sinebert.attention_sinebert import local_attention_forward, local_attention_mask
 from sinebert.layout_sinebert import padding_mask
 from sinebert.modeling_sinebert import eager_attention_forward
-from tests.conftest import tiny_config
+from tests.conftest import auto_heads, tiny_config
 
 MIXED = dict(num_hidden_layers=4, sliding_window=3, global_attn_every_n_layers=2, global_attention_positions=[0])
 
@@ -264,8 +264,7 @@ def test_invalid_local_attention_settings_raise(overrides, shown):
 
 
 def test_checkpoint_reloads_under_every_auto_class_and_keeps_its_kernels(tmp_path):
-    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
-    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForMaskedLM
 
     torch.manual_seed(0)
     model = SineBertForMaskedLM(tiny_config(**MIXED)).eval()
@@ -274,8 +273,7 @@ def test_checkpoint_reloads_under_every_auto_class_and_keeps_its_kernels(tmp_pat
     assert isinstance(config, SineBertConfig) and config.layer_types == model.config.layer_types
     assert (config.sliding_window, config.global_attn_every_n_layers, config.global_attention_positions) == (3, 2, [0])
     ids = torch.randint(5, 99, (2, 33))
-    for auto in (AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoModelForTokenClassification,
-                 AutoModelForQuestionAnswering):
+    for auto, _ in auto_heads():
         loaded = auto.from_pretrained(tmp_path).eval()
         assert loaded.attention_kernels() == model.attention_kernels()
         with torch.no_grad():

@@ -33,7 +33,7 @@ from sinebert.layout_sinebert import (
     unpadded_multiples,
 )
 from sinebert.modeling_sinebert import SineBertAttention, cross_segment_matches, sinusoidal_encoding
-from tests.conftest import tiny_config
+from tests.conftest import auto_heads, tiny_config
 
 ALL_HEADS = [
     SineBertModel,
@@ -806,18 +806,11 @@ def test_token_dropping_keeps_a_random_share_by_default_with_no_table():
 
 
 def test_auto_classes_load_every_head(tmp_path):
-    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
-    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers import AutoConfig
 
     SineBertForMaskedLM(tiny_config()).save_pretrained(tmp_path)
     assert isinstance(AutoConfig.from_pretrained(tmp_path), SineBertConfig)
-    for auto, cls in (
-        (AutoModel, SineBertModel),
-        (AutoModelForMaskedLM, SineBertForMaskedLM),
-        (AutoModelForSequenceClassification, SineBertForSequenceClassification),
-        (AutoModelForTokenClassification, SineBertForTokenClassification),
-        (AutoModelForQuestionAnswering, SineBertForQuestionAnswering),
-    ):
+    for auto, cls in auto_heads():
         assert type(auto.from_pretrained(tmp_path)) is cls
 
 
@@ -828,15 +821,11 @@ def test_bf16_weights_serve_every_head_as_float32_does(tmp_path, recipe):
     """`from_pretrained(..., dtype=torch.bfloat16)`, as a server loads a checkpoint in half the memory: every head
     computes in bf16 end to end (nothing promoted to float32 on the way, which would fail at the next bf16 matrix)
     and gives float32's outputs at the real tokens of a padded batch, to bf16's precision."""
-    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
-    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
-
     torch.manual_seed(0)
     SineBertForMaskedLM(tiny_config(**recipe)).save_pretrained(tmp_path)
     inputs = _inputs()
     real = inputs["attention_mask"].bool()
-    for auto in (AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification,
-                 AutoModelForTokenClassification, AutoModelForQuestionAnswering):
+    for auto, _ in auto_heads():
         torch.manual_seed(1)  # the same fresh task head in both
         full = auto.from_pretrained(tmp_path).eval()
         torch.manual_seed(1)
