@@ -11,7 +11,8 @@ from transformers import AutoModelForSequenceClassification, AutoModelForTokenCl
 from sinebert.training.finetune import PaddingCollator
 from sinebert.training.metrics.classification import compute_classification
 from sinebert.training.metrics.seqeval_strict import compute_entities
-from sinebert.training.ner import Sentence, encode_sentences
+from sinebert.tagging import IOB2TaggingPipeline
+from sinebert.training.ner import Sentence, encode_sentences, word_tags
 
 from .baselines import tfidf_logistic_regression
 
@@ -48,33 +49,40 @@ def evaluate_classifier(model_dir: Path, test_file: Path, max_length: int, batch
     return {**metrics, "examples": len(rows), "seconds": seconds, "tokens_per_second": tokens / seconds}
 
 
-def evaluate_tagger(model_dir: Path, test_file: Path, max_length: int, batch_size: int = 64) -> dict:
-    """Entity-level precision/recall/F1 (strict IOB2) on `test_file` ({'tokens', 'ner_tags'} rows); each word takes
-    the tag predicted at its first sub-token, as in training."""
+def tagger_scores(model_dir: Path, sentences: list[Sentence], max_length: int, batch_size: int = 64) -> dict:
+    """A saved tagger's log-probabilities over `sentences`, inputs truncated to `max_length` tokens as in training:
+    {names: the tags, log_probs: per sentence `(tokens, tags)`, first_tokens: per word the position of its first
+    sub-token (None past the limit), tokens, seconds}."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
-    gold = [Sentence(row["tokens"], row["ner_tags"], f"{test_file} line {i + 1}") for i, row in
-            enumerate(read_jsonl(test_file))]
     # A tag the training split never had cannot be predicted; it stays in the gold tags but is encoded as O.
-    known = [Sentence(s.tokens, [t if t in names else "O" for t in s.tags], s.origin) for s in gold]
+    known = [Sentence(s.tokens, [t if t in names else "O" for t in s.tags], s.origin) for s in sentences]
     encoded, firsts = encode_sentences(known, tokenizer, names, max_length, label_all_tokens=False)
     collate = PaddingCollator(tokenizer.pad_token_id)
-    predicted, tokens, start = [], 0, time.perf_counter()
+    log_probs, tokens, start = [], 0, time.perf_counter()
     with torch.no_grad():
         for batch in _batches(encoded, batch_size):
             # The tokenizer's inputs (ids, mask, token types and, for a case-reading model, case ids), padded.
             inputs = collate([{k: v for k, v in row.items() if k != "labels"} for row in batch])
-            logits = model(**inputs).logits
-            predicted += logits.argmax(-1).tolist()  # (batch, longest row) -> rows of tag ids
+            log_probs += list(model(**inputs).logits.float().log_softmax(-1))  # rows of (longest row, tags)
             tokens += int(inputs["attention_mask"].sum())
-    seconds = time.perf_counter() - start
-    tags = [[names[row[p]] if p is not None else "O" for p in first] for row, first in zip(predicted, firsts)]
+    return {"names": names, "log_probs": log_probs, "first_tokens": firsts, "tokens": tokens,
+            "seconds": time.perf_counter() - start}
+
+
+def evaluate_tagger(model_dir: Path, test_file: Path, max_length: int, batch_size: int = 64) -> dict:
+    """Entity-level precision/recall/F1 (strict IOB2) on `test_file` ({'tokens', 'ner_tags'} rows); words tagged as
+    the training script scores them (`word_tags`: the best well-formed sequence over their first sub-tokens)."""
+    gold = [Sentence(row["tokens"], row["ner_tags"], f"{test_file} line {i + 1}") for i, row in
+            enumerate(read_jsonl(test_file))]
+    scores = tagger_scores(model_dir, gold, max_length, batch_size)
+    tags = [word_tags(row, first, scores["names"]) for row, first in zip(scores["log_probs"], scores["first_tokens"])]
     entities = compute_entities(tags, [s.tags for s in gold])
     return {
         "precision": entities["overall_precision"], "recall": entities["overall_recall"], "f1": entities["overall_f1"],
         "accuracy": entities["overall_accuracy"], "per_type": entities["per_type"], "examples": len(gold),
-        "seconds": seconds, "tokens_per_second": tokens / seconds,
+        "seconds": scores["seconds"], "tokens_per_second": scores["tokens"] / scores["seconds"],
     }
 
 
@@ -140,7 +148,7 @@ def serve_examples(paths) -> list[dict]:
                   "output": f"{answer['label']} ({answer['score']:.2f})"})
     model = paths.finetuned("ner", "pretrained")
     text = SERVING_EXAMPLES["token-classification"]
-    entities = pipeline("token-classification", model=str(model), aggregation_strategy="first")(text)
+    entities = pipeline("token-classification", model=str(model), pipeline_class=IOB2TaggingPipeline)(text)
     found = ", ".join(f"{e['word']} = {e['entity_group']} ({e['score']:.2f})" for e in entities) or "no entity found"
     lines.append({"task": "token-classification", "model": str(model), "input": text, "output": found})
     return lines

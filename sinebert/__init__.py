@@ -1,7 +1,8 @@
 """sinebert: a Hugging Face-native encoder with fixed sinusoidal positions.
 
 Importing the package registers `SineBertConfig`, every head and `SineBertTokenizer` with the transformers Auto
-classes, and the `question-answering` pipeline.
+classes, and the `question-answering` pipeline. `IOB2TaggingPipeline` serves a tagger's best well-formed IOB2 tags
+(`pipeline("token-classification", model=..., pipeline_class=IOB2TaggingPipeline)`).
 """
 
 from transformers import (
@@ -27,6 +28,7 @@ from .modeling_sinebert import (
     SineBertPreTrainedModel,
 )
 from .pipeline_sinebert import ExtractiveQuestionAnsweringPipeline
+from .tagging import IOB2TaggingPipeline
 from .tokenization_sinebert import SineBertTokenizer
 
 __version__ = "0.1.0"
@@ -53,6 +55,7 @@ for _task in ("question-answering", "extractive-question-answering"):
 
 __all__ = [
     "ExtractiveQuestionAnsweringPipeline",
+    "IOB2TaggingPipeline",
     "SineBertConfig",
     "SineBertForMaskedLM",
     "SineBertForPreTraining",

@@ -185,3 +185,16 @@ def gradients_at_optimizer_step(trainer, model, batch) -> dict:
         {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
     trainer._optimizer_step([batch], time.perf_counter())
     return seen
+
+
+def entity_spans(words: list[str], tags: list[str]) -> list[tuple[str, int, int]]:
+    """(type, start, end) of each entity of well-formed IOB2 `tags`, in characters of the words joined by spaces: what
+    the token-classification pipeline reports for words given split."""
+    spans, start = [], 0
+    for word, tag in zip(words, tags):
+        if tag.startswith("B-"):
+            spans.append((tag[2:], start, start + len(word)))
+        elif tag.startswith("I-"):
+            spans[-1] = (spans[-1][0], spans[-1][1], start + len(word))
+        start += len(word) + 1
+    return spans

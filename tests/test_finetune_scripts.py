@@ -10,11 +10,12 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401  (registers the Auto classes and the QA pipeline)
+from sinebert.tagging import IOB2TaggingPipeline
 from sinebert.training.metrics.seqeval_strict import compute_entities
 from sinebert.training.metrics.squad import compute_squad
 from sinebert.training.qa import read_squad_json
 from sinebert.training.tokenizer import train_wordpiece
-from tests.conftest import check_model_card, launch_script, load_script, user_error
+from tests.conftest import check_model_card, entity_spans, launch_script, load_script, user_error
 from tests.fixtures import corpus
 
 # hidden 64, 2 layers; embeddings scaled by sqrt(hidden) so the fixed sinusoids (entries in [-1, 1]) do not drown the
@@ -130,15 +131,12 @@ def test_ner_finds_entities_and_the_pipeline_agrees(conll, tmp_path):
 
 
 def assert_token_pipeline_agrees(out, rows):
-    """The pipeline's tag at the first sub-token of every word equals the script's prediction for that word."""
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    tag = pipeline("token-classification", model=str(out), ignore_labels=[])
+    """The tagging pipeline, given a sentence's words, finds exactly the entities of the script's predictions."""
+    tagger = pipeline("token-classification", model=str(out), pipeline_class=IOB2TaggingPipeline)
     for row in rows:
-        (entities,) = tag([row["tokens"]], is_split_into_words=True)  # a batch of one pre-split sentence
-        served = {entity["index"]: entity["entity"] for entity in entities}
-        word_ids = tokenizer(row["tokens"], is_split_into_words=True).word_ids()
-        first = {word: position for position, word in reversed(list(enumerate(word_ids))) if word is not None}
-        assert [served[first[word]] for word in range(len(row["tokens"]))] == row["predictions"], row["tokens"]
+        (entities,) = tagger([row["tokens"]], is_split_into_words=True)  # a batch of one pre-split sentence
+        served = [(entity["entity_group"], entity["start"], entity["end"]) for entity in entities]
+        assert served == entity_spans(row["tokens"], row["predictions"]), row["tokens"]
 
 
 @pytest.mark.slow

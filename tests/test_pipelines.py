@@ -19,8 +19,10 @@ from sinebert import (
     SineBertForTokenClassification,
     SineBertModel,
 )
+from sinebert.tagging import IOB2TaggingPipeline
 from sinebert.tokenization_sinebert import with_case_ids
-from tests.conftest import ROOT, tiny_config
+from sinebert.training.ner import word_tags
+from tests.conftest import ROOT, entity_spans, tiny_config
 
 HEADS = {
     "AutoModel": SineBertModel,
@@ -66,6 +68,32 @@ def test_token_classification(saved_heads):
     tag = pipeline("token-classification", model=str(saved_heads["AutoModelForTokenClassification"]))
     entities = tag("maria went to the city")
     assert all(e["entity"] in ("O", "B-PER", "I-PER") for e in entities)
+
+
+def test_tagging_pipeline_serves_the_best_well_formed_tags_of_the_given_words(tokenizer_dir, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    tags = {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
+    model = SineBertForTokenClassification(tiny_config(vocab_size=len(tokenizer), max_position_embeddings=32, **tags))
+    with torch.no_grad():  # every token: I-LOC most probable (an orphan everywhere), B-PER next
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([0.05, 0.3, 0.25, 0.05, 0.35]).log())
+    folder = tmp_path / "tagger"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    words = ["maria", "al-ain", "went", "home"]  # "al-ain": three tokens, one word
+    inputs = tokenizer(words, is_split_into_words=True, return_tensors="pt")
+    first = [inputs.word_ids().index(word) for word in range(len(words))]
+    with torch.no_grad():
+        log_probs = model.eval()(**inputs).logits.log_softmax(-1)[0]  # (seq, tags)
+    expected = word_tags(log_probs, first, names)
+    assert expected == ["B-PER"] * 4  # 0.3 a word beats B-LOC I-LOC ... (0.05 x 0.35 ...) and B-PER I-PER ...
+    tagger = pipeline("token-classification", model=str(folder), pipeline_class=IOB2TaggingPipeline)
+    (served,) = tagger([words], is_split_into_words=True)  # a batch of one sentence given as words
+    assert [(e["entity_group"], e["start"], e["end"]) for e in served] == entity_spans(words, expected)
+    with pytest.raises(ValueError, match="aggregation_strategy='simple' tags sub-tokens"):
+        pipeline("token-classification", model=str(folder), pipeline_class=IOB2TaggingPipeline,
+                 aggregation_strategy="simple")("maria went home")
 
 
 def test_token_classification_reads_letter_case_here_and_without_the_package(tokenizer_dir, tmp_path):

@@ -9,9 +9,11 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.nn.functional as F
 from datasets import ClassLabel, Sequence
 
+from ..tagging import best_tag_path, iob2_transitions
 from .data import check_encoding, expand_files, load_splits, pick_column
 from .errors import UserError
 from .finetune import Evaluation, write_jsonl
@@ -257,9 +259,18 @@ def load_ner_data(args, tokenizer, print_fn=print) -> NerData:
 # ----- evaluation -----
 
 
+def word_tags(log_probs: torch.Tensor, first: list[int | None], names: list[str]) -> list[str]:
+    """A sentence's word tags: the best well-formed IOB2 sequence over the words' first sub-tokens, as
+    `IOB2TaggingPipeline` serves them. log_probs: `(seq, tags)`; first: per word its first sub-token's position
+    (None for a word cut off by the length limit or without any token: tagged O)."""
+    positions = [p for p in first if p is not None]
+    path = iter(best_tag_path(log_probs[positions], *iob2_transitions(names)))
+    return [names[next(path)] if p is not None else "O" for p in first]
+
+
 class NerEvaluation(Evaluation):
     """Entity-level precision/recall/F1 (strict IOB2, overall and per type), token accuracy and the validation loss,
-    over words: each word is tagged with the prediction at its first sub-token."""
+    over words: each word is tagged from the prediction at its first sub-token (`word_tags`)."""
 
     main_metric, greater_is_better, plot_metrics = "eval_f1", True, ("eval_f1", "eval_accuracy")
 
@@ -272,17 +283,14 @@ class NerEvaluation(Evaluation):
         labels = batch["labels"]
         token_loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
         return {
-            "predicted": logits.argmax(-1),  # (batch, seq)
+            "log_probs": logits.log_softmax(-1),  # (batch, seq, tags)
             "loss_sum": token_loss.sum(-1),  # (batch,)
             "loss_terms": (labels != -100).sum(-1),  # (batch,)
         }
 
     def score(self, rows):
-        names = self.data.names
-        predictions = [
-            [names[int(row["predicted"][p])] if p is not None else "O" for p in first]
-            for row, first in zip(rows, self.data.eval_first_tokens)
-        ]
+        predictions = [word_tags(row["log_probs"], first, self.data.names)
+                       for row, first in zip(rows, self.data.eval_first_tokens)]
         gold = [sentence.tags for sentence in self.data.eval_sentences]
         entities = compute_entities(predictions, gold)
         loss = sum(float(row["loss_sum"]) for row in rows) / max(1, sum(int(row["loss_terms"]) for row in rows))
@@ -305,7 +313,10 @@ def model_card(args, data: NerData) -> dict:
     return {
         "title": "sinebert fine-tuned for named-entity recognition",
         "summary": f"A sinebert encoder fine-tuned by `scripts/finetune_ner.py` to tag the entity types "
-                   f"{', '.join(types)} (IOB2 tags).",
+                   f"{', '.join(types)} (IOB2 tags). The scores below are of each sentence's most probable "
+                   "well-formed tag sequence; with sinebert installed, `pipeline(..., "
+                   "pipeline_class=sinebert.IOB2TaggingPipeline)` serves those tags, where the plain pipeline "
+                   "below takes each word's most probable tag.",
         "pipeline_tag": "token-classification",
         "pipeline_kwargs": ', aggregation_strategy="first"',
         "call": 'pipe("Ada Lovelace was born in London .")',

@@ -1,0 +1,78 @@
+"""How much the tag decoding gives a tagger: each word's most probable tag against the sentence's most probable
+well-formed IOB2 sequence (`sinebert.tagging`), scored strictly and by conlleval's convention (seqeval's default).
+
+    python -m benchmarks.tag_decoding --model runs/cram/conll2003-pretrained runs/cram/conll2003-scratch \\
+        --file ../shared/data/conll2003/valid.txt runs/cram/data/conll2003/test.jsonl
+
+Files: CoNLL columns (token first, IOB2 tag last) or jsonl rows {tokens, ner_tags}. Reads the models and files
+only; writes benchmarks/results/tag_decoding.{json,md} (or --output).
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from seqeval.metrics import f1_score
+
+from recipes.demo_eval import read_jsonl, tagger_scores
+from sinebert.training.metrics.seqeval_strict import compute_entities
+from sinebert.training.ner import Sentence, read_conll, word_tags
+
+RESULTS = Path(__file__).resolve().parent / "results" / "tag_decoding"
+
+
+def read_sentences(path: Path) -> list[Sentence]:
+    if path.suffix == ".jsonl":
+        return [Sentence(row["tokens"], row["ner_tags"], f"{path} row {i + 1}") for i, row in enumerate(read_jsonl(path))]
+    return read_conll(str(path), token_column=0, tag_column=-1)
+
+
+def decodings(model: Path, sentences: list[Sentence], max_length: int) -> dict:
+    """Entity F1 (%) of the word-by-word tags (strict and conlleval) and of the best well-formed sequence."""
+    scores = tagger_scores(model, sentences, max_length)
+    names, gold = scores["names"], [s.tags for s in sentences]
+    rows = list(zip(scores["log_probs"], scores["first_tokens"]))
+    by_word = [[names[int(row[p].argmax())] if p is not None else "O" for p in first] for row, first in rows]
+    sequence = [word_tags(row, first, names) for row, first in rows]
+    orphans = sum(tag.startswith("I-") and (i == 0 or tags[i - 1] == "O" or tags[i - 1][2:] != tag[2:])
+                  for tags in by_word for i, tag in enumerate(tags))
+    return {
+        "word_strict": 100 * compute_entities(by_word, gold)["overall_f1"],
+        "word_conlleval": 100 * f1_score(gold, by_word),
+        "sequence": 100 * compute_entities(sequence, gold)["overall_f1"],
+        "sequence_conlleval": 100 * f1_score(gold, sequence),
+        "orphan_i_tags": orphans,
+    }
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| tagger | file | word by word: strict / conlleval | best well-formed sequence | orphan I- tags |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['file']} | {r['word_strict']:.2f} / {r['word_conlleval']:.2f} | "
+              f"**{r['sequence']:.2f}** | {r['orphan_i_tags']} |" for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", nargs="+", type=Path, required=True, help="saved tagger folders")
+    parser.add_argument("--file", nargs="+", type=Path, required=True, help="CoNLL or jsonl files to score on")
+    parser.add_argument("--max_length", type=int, default=128, help="as the taggers were trained (the cram: 128)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="writes OUTPUT.json and OUTPUT.md")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    results = []
+    for model in args.model:
+        for path in args.file:
+            results.append({"model": str(model), "file": str(path),
+                            **decodings(model, read_sentences(path), args.max_length)})
+            print(table(results[-1:]).splitlines()[-1], flush=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    args.output.with_suffix(".md").write_text("# Entity F1 by tag decoding\n\n" + table(results))
+    print(f"Wrote {args.output.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
