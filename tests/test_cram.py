@@ -202,9 +202,9 @@ def test_markdown_table_marks_targets_and_shows_every_stage():
     }
     text = cram_report.markdown(results)
     assert "| MLM validation perplexity | 40.2 (5.50 M tokens seen) |" in text
-    assert "| SST-2 dev accuracy | 86.0 | - | 81.1 | 80.5 | >= 85 | yes |" in text
-    assert "| CoNLL-2003 test entity F1 | 70.0 | 70.0 | 51.9 | - | >= 75 | no |" in text
-    assert "| squad_eval EM / F1 | 20.0 / 31.5 | 20.0 / 31.5 | 1.6 / 9.5 | - | F1 >= 30 | yes |" in text
+    assert "| SST-2 dev accuracy | 86.0 | - | 81.1 | 80.5 | >= 88 | yes |" in text
+    assert "| CoNLL-2003 test entity F1 | 70.0 | 70.0 | 51.9 | - | >= 85 | no |" in text
+    assert "| squad_eval EM / F1 | 20.0 / 31.5 | 20.0 / 31.5 | 1.6 / 9.5 | - | F1 >= 45 | yes |" in text
     assert ("| pretrain (resumed) | 5,400,000 tokens | 20.00 | 21.67 | 1,000 | 5.40 | 4,500 | 2.0/2.0/2.0 -> "
             "3.0/2.5/2.1 |") in text
     assert "| sst2-scratch (kept, finished 2026-01-01 10:00:00) | - | - | 1.00 | - | - | - | - |" in text
