@@ -77,6 +77,8 @@ class IOB2TaggingPipeline(TokenClassificationPipeline):
                 words[-1].append(entity)
             else:
                 words.append([entity])
+        if not words:  # a text without any word
+            return []
         scores = np.stack([self._word_scores(word, aggregation_strategy) for word in words])  # (words, tags)
         labels = [self.model.config.id2label[i] for i in range(len(self.model.config.id2label))]
         path = best_tag_path(torch.from_numpy(np.log(scores + 1e-12)), *iob2_transitions(labels))

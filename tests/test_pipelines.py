@@ -91,6 +91,7 @@ def test_tagging_pipeline_serves_the_best_well_formed_tags_of_the_given_words(to
     tagger = pipeline("token-classification", model=str(folder), pipeline_class=IOB2TaggingPipeline)
     (served,) = tagger([words], is_split_into_words=True)  # a batch of one sentence given as words
     assert [(e["entity_group"], e["start"], e["end"]) for e in served] == entity_spans(words, expected)
+    assert tagger("") == [] and tagger("maria went home") == tagger("maria went home", aggregation_strategy="first")
     with pytest.raises(ValueError, match="aggregation_strategy='simple' tags sub-tokens"):
         pipeline("token-classification", model=str(folder), pipeline_class=IOB2TaggingPipeline,
                  aggregation_strategy="simple")("maria went home")
