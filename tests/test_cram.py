@@ -118,11 +118,11 @@ def test_every_stage_config_is_a_valid_argument_file_of_its_script():
     from tests.conftest import load_script
 
     required = ["--output_dir", "out", "--train_file", "x.txt"]
-    # Every budget is work, not time (the same on any machine): SST-2 1.5 epochs in steps, CoNLL-2003 steps, SQuAD 2
+    # Every budget is work, not time (the same on any machine): SST-2 1.5 epochs in steps, CoNLL-2003 steps, SQuAD 3
     # epochs.
     recipes = (("finetune_classification", "sst2.yaml", None, 3158, None, True),
                ("finetune_ner", "conll2003.yaml", None, 5607, None, False),
-               ("finetune_qa", "squad.yaml", None, None, 2, False))
+               ("finetune_qa", "squad.yaml", None, None, 3, False))
     for script, config, minutes, steps, epochs, grouped in recipes:
         args = load_script(script).parse_args(["--config_file", str(cram.CONFIGS / config), *required])
         length = (args.max_train_minutes, args.max_train_steps, args.num_train_epochs)
@@ -165,7 +165,7 @@ def test_the_budget_comes_from_the_config_and_the_command_line_wins():
     assert cram_report.budget(["x", "--max_train_steps", "20"], "conll2003-scratch") == {"max_train_steps": 20}
     assert cram_report.budget(["x"], "embeddings") == {"max_train_steps": 3098}
     assert cram_report.budget(["x"], "pretrain") == {"max_train_tokens": 25231360}
-    assert cram_report.describe_budget(cram_report.budget(["x"], "squad-pretrained")) == "2 epochs"
+    assert cram_report.describe_budget(cram_report.budget(["x"], "squad-pretrained")) == "3 epochs"
     assert cram_report.describe_budget({"max_train_tokens": 25231360, "max_train_minutes": 0.1}) == \
         "25,231,360 tokens, at most 0.1 min"
 
