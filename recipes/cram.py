@@ -1,6 +1,6 @@
 """`make cram`: sinebert's quality on a fixed CPU budget ("CPU cram"), end to end with one command.
 
-    python -m recipes.cram            # the full budget: about an hour on the reference host's 2 CPU cores
+    python -m recipes.cram            # the full budget: 1.5 to 2.5 hours on 2 CPU cores
     python -m recipes.cram --quick    # every stage on slices, a few dozen steps each (1-2 minutes): a smoke test
 
 data -> 16k WordPiece tokenizer -> pretraining (3,098 steps of CBOW word embeddings, then 25.2 M tokens of MLM from
