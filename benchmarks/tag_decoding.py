@@ -16,6 +16,7 @@ import torch
 from seqeval.metrics import f1_score
 
 from recipes.demo_eval import read_jsonl, tagger_scores
+from sinebert.tagging import iob2_transitions
 from sinebert.training.metrics.seqeval_strict import compute_entities
 from sinebert.training.ner import Sentence, read_conll, word_tags
 
@@ -24,7 +25,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "tag_decoding"
 
 def read_sentences(path: Path) -> list[Sentence]:
     if path.suffix == ".jsonl":
-        return [Sentence(row["tokens"], row["ner_tags"], f"{path} row {i + 1}") for i, row in enumerate(read_jsonl(path))]
+        rows = read_jsonl(path)
+        return [Sentence(row["tokens"], row["ner_tags"], f"{path} row {i + 1}") for i, row in enumerate(rows)]
     return read_conll(str(path), token_column=0, tag_column=-1)
 
 
@@ -35,7 +37,9 @@ def decodings(model: Path, sentences: list[Sentence], max_length: int) -> dict:
     rows = list(zip(scores["log_probs"], scores["first_tokens"]))
     by_word = [[names[int(row[p].argmax())] if p is not None else "O" for p in first] for row, first in rows]
     sequence = [word_tags(row, first, names) for row, first in rows]
-    orphans = sum(tag.startswith("I-") and (i == 0 or tags[i - 1] == "O" or tags[i - 1][2:] != tag[2:])
+    allowed, opens = iob2_transitions(tuple(names))
+    index = {name: i for i, name in enumerate(names)}
+    orphans = sum(not (opens[index[tag]] if i == 0 else allowed[index[tags[i - 1]], index[tag]])
                   for tags in by_word for i, tag in enumerate(tags))
     return {
         "word_strict": 100 * compute_entities(by_word, gold)["overall_f1"],

@@ -9,14 +9,18 @@ continues a B-X or I-X; what it gains: docs/QUALITY.md, "Tag decoding". `scripts
     pipeline("token-classification", model=folder, pipeline_class=IOB2TaggingPipeline)
 """
 
+import functools
+
 import numpy as np
 import torch
 from transformers.pipelines.token_classification import AggregationStrategy, TokenClassificationPipeline
 
 
-def iob2_transitions(labels: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+@functools.lru_cache(maxsize=8)
+def iob2_transitions(labels: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """(allowed, first): allowed[a, b] says whether tag b may follow tag a, and first[b] whether b may open a
-    sentence. An I-X may only follow B-X or I-X; every other tag may follow anything."""
+    sentence. An I-X may only follow B-X or I-X; every other tag may follow anything. Built once per tag set (an
+    evaluation decodes thousands of sentences with one); the tensors are shared, so callers must not change them."""
     def continues(previous: str, tag: str) -> bool:
         return not tag.startswith("I-") or (previous[:2] in ("B-", "I-") and previous[2:] == tag[2:])
 
@@ -80,7 +84,7 @@ class IOB2TaggingPipeline(TokenClassificationPipeline):
         if not words:  # a text without any word
             return []
         scores = np.stack([self._word_scores(word, aggregation_strategy) for word in words])  # (words, tags)
-        labels = [self.model.config.id2label[i] for i in range(len(self.model.config.id2label))]
+        labels = tuple(self.model.config.id2label[i] for i in range(len(self.model.config.id2label)))
         path = best_tag_path(torch.from_numpy(np.log(scores + 1e-12)), *iob2_transitions(labels))
         return [
             {"entity": labels[tag], "score": scores[i, tag], "start": word[0]["start"], "end": word[-1]["end"],

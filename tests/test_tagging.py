@@ -10,7 +10,7 @@ import torch
 from sinebert.tagging import best_tag_path, iob2_transitions
 from sinebert.training.ner import word_tags
 
-LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+LABELS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
 
 
 def well_formed(tags: list[str]) -> bool:

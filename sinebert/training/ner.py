@@ -264,7 +264,7 @@ def word_tags(log_probs: torch.Tensor, first: list[int | None], names: list[str]
     `IOB2TaggingPipeline` serves them. log_probs: `(seq, tags)`; first: per word its first sub-token's position
     (None for a word cut off by the length limit or without any token: tagged O)."""
     positions = [p for p in first if p is not None]
-    path = iter(best_tag_path(log_probs[positions], *iob2_transitions(names)))
+    path = iter(best_tag_path(log_probs[positions], *iob2_transitions(tuple(names))))
     return [names[next(path)] if p is not None else "O" for p in first]
 
 
