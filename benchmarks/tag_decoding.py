@@ -26,15 +26,16 @@ RESULTS = Path(__file__).resolve().parent / "results" / "tag_decoding"
 def read_sentences(path: Path) -> list[Sentence]:
     if path.suffix == ".jsonl":
         rows = read_jsonl(path)
-        return [Sentence(row["tokens"], row["ner_tags"], f"{path} row {i + 1}") for i, row in enumerate(rows)]
+        return [Sentence(row["tokens"], row["ner_tags"], f"{path} row {i + 1}", str(path))
+                for i, row in enumerate(rows)]
     return read_conll(str(path), token_column=0, tag_column=-1)
 
 
-def decodings(model: Path, sentences: list[Sentence], max_length: int) -> dict:
+def decodings(model: Path, sentences: list[Sentence], max_length: int, context: bool) -> dict:
     """Entity F1 (%) of the word-by-word tags (strict and conlleval) and of the best well-formed sequence."""
-    scores = tagger_scores(model, sentences, max_length)
+    scores = tagger_scores(model, sentences, max_length, context)
     names, gold = scores["names"], [s.tags for s in sentences]
-    rows = list(zip(scores["log_probs"], scores["first_tokens"]))
+    rows = [(scores["log_probs"][row], first) for row, first in scores["places"]]
     by_word = [[names[int(row[p].argmax())] if p is not None else "O" for p in first] for row, first in rows]
     sequence = [word_tags(row, first, names) for row, first in rows]
     allowed, opens = iob2_transitions(tuple(names))
@@ -63,6 +64,7 @@ def main(argv=None):
     parser.add_argument("--model", nargs="+", type=Path, required=True, help="saved tagger folders")
     parser.add_argument("--file", nargs="+", type=Path, required=True, help="CoNLL or jsonl files to score on")
     parser.add_argument("--max_length", type=int, default=128, help="as the taggers were trained (the cram: 128)")
+    parser.add_argument("--document_context", action="store_true", help="for taggers trained with it")
     parser.add_argument("--output", type=Path, default=RESULTS, help="writes OUTPUT.json and OUTPUT.md")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -70,7 +72,7 @@ def main(argv=None):
     for model in args.model:
         for path in args.file:
             results.append({"model": str(model), "file": str(path),
-                            **decodings(model, read_sentences(path), args.max_length)})
+                            **decodings(model, read_sentences(path), args.max_length, args.document_context)})
             print(table(results[-1:]).splitlines()[-1], flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")

@@ -49,16 +49,17 @@ def evaluate_classifier(model_dir: Path, test_file: Path, max_length: int, batch
     return {**metrics, "examples": len(rows), "seconds": seconds, "tokens_per_second": tokens / seconds}
 
 
-def tagger_scores(model_dir: Path, sentences: list[Sentence], max_length: int, batch_size: int = 64) -> dict:
-    """A saved tagger's log-probabilities over `sentences`, inputs truncated to `max_length` tokens as in training:
-    {names: the tags, log_probs: per sentence `(tokens, tags)`, first_tokens: per word the position of its first
-    sub-token (None past the limit), tokens, seconds}."""
+def tagger_scores(model_dir: Path, sentences: list[Sentence], max_length: int, context: bool = False,
+                  batch_size: int = 64) -> dict:
+    """A saved tagger's log-probabilities over `sentences`, rows built as in training (`max_length` tokens, with
+    `context` several sentences each): {names: the tags, log_probs: per row `(tokens, tags)`, places: per sentence
+    its row and per word the position of its first sub-token (None past the limit), tokens, seconds}."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     # A tag the training split never had cannot be predicted; it stays in the gold tags but is encoded as O.
     known = [Sentence(s.tokens, [t if t in names else "O" for t in s.tags], s.origin) for s in sentences]
-    encoded, firsts = encode_sentences(known, tokenizer, names, max_length, label_all_tokens=False)
+    encoded, places = encode_sentences(known, tokenizer, names, max_length, label_all_tokens=False, context=context)
     collate = PaddingCollator(tokenizer.pad_token_id)
     log_probs, tokens, start = [], 0, time.perf_counter()
     with torch.no_grad():
@@ -67,17 +68,19 @@ def tagger_scores(model_dir: Path, sentences: list[Sentence], max_length: int, b
             inputs = collate([{k: v for k, v in row.items() if k != "labels"} for row in batch])
             log_probs += list(model(**inputs).logits.float().log_softmax(-1))  # rows of (longest row, tags)
             tokens += int(inputs["attention_mask"].sum())
-    return {"names": names, "log_probs": log_probs, "first_tokens": firsts, "tokens": tokens,
+    return {"names": names, "log_probs": log_probs, "places": places, "tokens": tokens,
             "seconds": time.perf_counter() - start}
 
 
-def evaluate_tagger(model_dir: Path, test_file: Path, max_length: int, batch_size: int = 64) -> dict:
-    """Entity-level precision/recall/F1 (strict IOB2) on `test_file` ({'tokens', 'ner_tags'} rows); words tagged as
-    the training script scores them (`word_tags`: the best well-formed sequence over their first sub-tokens)."""
-    gold = [Sentence(row["tokens"], row["ner_tags"], f"{test_file} line {i + 1}") for i, row in
+def evaluate_tagger(model_dir: Path, test_file: Path, max_length: int, context: bool = False,
+                    batch_size: int = 64) -> dict:
+    """Entity-level precision/recall/F1 (strict IOB2) on `test_file` ({'tokens', 'ner_tags'} rows in document
+    order); words tagged as the training script scores them (`word_tags`: the best well-formed sequence over their
+    first sub-tokens; with `context`, several sentences a row)."""
+    gold = [Sentence(row["tokens"], row["ner_tags"], f"{test_file} line {i + 1}", str(test_file)) for i, row in
             enumerate(read_jsonl(test_file))]
-    scores = tagger_scores(model_dir, gold, max_length, batch_size)
-    tags = [word_tags(row, first, scores["names"]) for row, first in zip(scores["log_probs"], scores["first_tokens"])]
+    scores = tagger_scores(model_dir, gold, max_length, context, batch_size)
+    tags = [word_tags(scores["log_probs"][row], first, scores["names"]) for row, first in scores["places"]]
     entities = compute_entities(tags, [s.tags for s in gold])
     return {
         "precision": entities["overall_precision"], "recall": entities["overall_recall"], "f1": entities["overall_f1"],

@@ -43,6 +43,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--label_all_tokens", action="store_true",
         help="Train every sub-token of a word on its tag, not only the first one.",
     )
+    group.add_argument(
+        "--document_context", action="store_true",
+        help="Fill each row with consecutive sentences of one document (CoNLL files: between -DOCSTART- lines; "
+             "json / hub rows: in their order), up to --max_length tokens, so that a word is tagged seeing its "
+             "neighbouring sentences.",
+    )
     # Names are capitalised: the model gets the letter case that the lower-cased vocabulary drops.
     parser.set_defaults(letter_case=True)
     return parse_with_config_file(parser, argv)
@@ -58,8 +64,9 @@ def main(argv=None):
         id2label=dict(enumerate(data.names)), label2id={name: i for i, name in enumerate(data.names)},
     )
     fit_schedule(args, accelerator, len(data.train_rows))
+    collate = PaddingCollator(tokenizer.pad_token_id, token_labels=True)
     train_dataloader, eval_dataloader = make_dataloaders(
-        args, accelerator, model.config, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id, token_labels=True)
+        args, accelerator, model.config, data.train_rows, data.eval_rows, collate
     )
     evaluation = NerEvaluation(eval_dataloader, accelerator, data)
     trainer = Trainer(args, accelerator, model, train_dataloader, evaluation.task(args, labelled_token_count))

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from sinebert.training.classification import ClassificationEvaluation, example_count, load_classification_data
 from sinebert.training.errors import UserError
 from sinebert.training.finetune import LengthGroupedSampler
-from sinebert.training.ner import Sentence, encode_sentences, load_ner_data, read_conll, to_iob2
+from sinebert.training.ner import Sentence, context_groups, encode_sentences, load_ner_data, read_conll, to_iob2
 from sinebert.training.qa import (
     QAEvaluation,
     answer_token_span,
@@ -29,7 +29,8 @@ def namespace(**values) -> argparse.Namespace:
         validation_split_percentage=10.0, seed=0, max_train_samples=None, max_eval_samples=None, max_length=64,
         trust_remote_code=False, task_name=None, text_column_name=None, text_pair_column_name=None,
         label_column_name=None, problem_type=None, label_separator=",", conll_token_column=0, conll_tag_column=-1,
-        label_scheme="IOB2", label_all_tokens=False, question_column_name=None, context_column_name=None,
+        label_scheme="IOB2", label_all_tokens=False, document_context=False, question_column_name=None,
+        context_column_name=None,
         answer_column_name=None, version_2_with_negative=False, doc_stride=16, train_answer_windows_only=False,
         early_stopping_patience=None, load_best_model_at_end=False,
     )
@@ -136,6 +137,9 @@ def test_conll_reading_skips_docstart_and_splits_on_blank_or_whitespace_lines(tm
     assert [s.tokens for s in sentences] == [["EU", "rejects", "German"], ["Peter", "Blackburn"]]
     assert [s.tags for s in sentences] == [["B-ORG", "O", "B-MISC"], ["B-PER", "I-PER"]]
     assert sentences[1].origin.endswith("a.txt line 7")
+    assert sentences[0].document == sentences[1].document  # one document, context for each other
+    two = read_conll(write(tmp_path / "b.txt", CONLL + "\n-DOCSTART- -X- -X- O\n\n" + CONLL[22:]), 0, -1)
+    assert [s.document for s in two] == [two[0].document] * 2 + [two[2].document] * 2 != [two[0].document] * 4
     chunks = read_conll(str(tmp_path / "a.txt"), token_column=0, tag_column=2)
     assert chunks[0].tags == ["B-NP", "B-VP", "B-NP"]
 
@@ -165,13 +169,59 @@ def test_word_labels_align_to_first_or_all_sub_tokens(tokenizer):
     names = ["O", "B-MISC", "I-MISC", "B-PER", "I-PER"]
     pieces = tokenizer.tokenize("unflinchingly")
     assert len(pieces) > 1  # the test needs a word split into several sub-tokens
-    (first,), (positions,) = encode_sentences([sentence], tokenizer, names, 64, label_all_tokens=False)
+    (first,), ((row, positions),) = encode_sentences([sentence], tokenizer, names, 64, label_all_tokens=False)
     n = len(pieces)
     assert first["labels"][: n + 1] == [-100, 1] + [-100] * (n - 1)  # [CLS], then the word's pieces
-    assert positions[0] == 1 and positions[1] == n + 1
+    assert row == 0 and positions[0] == 1 and positions[1] == n + 1
     assert first["labels"][positions[1]] == 0 and first["labels"][positions[2]] == 3
     (every,), _ = encode_sentences([sentence], tokenizer, names, 64, label_all_tokens=True)
     assert every["labels"][1 : n + 1] == [1] + [2] * (n - 1)  # B-MISC, then I-MISC on the later pieces
+
+
+def test_document_context_fills_rows_with_consecutive_sentences_of_one_document():
+    sentences = [Sentence(["w"] * n, ["O"] * n, f"s{i}", document) for i, (n, document) in
+                 enumerate([(3, "a"), (4, "a"), (2, "a"), (9, "a"), (1, "b"), (1, "b"), (12, "b"), (2, "b")])]
+    lengths = [len(s.tokens) for s in sentences]
+    # 3+4+2 fill a budget of 10 (one more would not fit), document b starts a row of its own, and a sentence
+    # longer than the budget gets a row alone.
+    assert context_groups(sentences, lengths, 10) == [[0, 1, 2], [3], [4, 5], [6], [7]]
+
+
+def test_document_context_rows_label_every_sentence_at_its_own_words(tokenizer):
+    names = ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
+    words = [(["Peter", "went", "to", "Paris"], ["B-PER", "O", "O", "B-LOC"]),
+             (["He", "liked", "New", "York"], ["O", "O", "B-LOC", "I-LOC"]),
+             (["unflinchingly", "Peter"], ["O", "B-PER"])]
+    sentences = [Sentence(tokens, tags, f"s{i}", "d") for i, (tokens, tags) in enumerate(words)]
+    sentences.append(Sentence(["Paris"], ["B-LOC"], "s3", "other"))
+    alone, alone_places = encode_sentences(sentences, tokenizer, names, 64, label_all_tokens=False)
+    rows, places = encode_sentences(sentences, tokenizer, names, 64, label_all_tokens=False, context=True)
+    assert len(alone) == 4 and len(rows) == 2  # the three sentences of document d share a row
+    assert [row for row, _ in places] == [0, 0, 0, 1]
+    for sentence, (row, first), (single_row, single_first) in zip(sentences, places, alone_places):
+        assert all(p is not None for p in first)
+        # Each word starts at the same token, with the same label, as when its sentence is alone, shifted by the
+        # tokens of the sentences before it in the row.
+        shift = first[0] - single_first[0]
+        assert [p - shift for p in first] == single_first
+        assert [rows[row]["labels"][p] for p in first] == [names.index(tag) for tag in sentence.tags]
+        assert [rows[row]["input_ids"][p] for p in first] == [alone[single_row]["input_ids"][p] for p in single_first]
+    assert sum(label != -100 for label in rows[0]["labels"]) == 10  # every word of the three sentences is trained
+    # Without room for the three, the row takes what fits and the rest start the next one.
+    short, short_places = encode_sentences(sentences, tokenizer, names, 14, label_all_tokens=False, context=True)
+    assert len(short) > 2 and all(len(row["input_ids"]) <= 14 for row in short)
+    assert [p for _, first in short_places for p in first].count(None) == 0
+
+
+def test_a_held_out_validation_split_never_gives_context_across_the_split(tmp_path, tokenizer):
+    text = "\n\n".join(f"w{i} O\nParis B-LOC" for i in range(20)) + "\n"
+    splits = load_ner_data(namespace(train_file=[write(tmp_path / "t.txt", text)], validation_split_percentage=30,
+                                     document_context=True), tokenizer)
+    held = [int(s.tokens[0][1:]) for s in splits.eval_sentences]
+    assert len(held) == 6 and any(b == a + 1 for a, b in zip(held, held[1:]))
+    # Sentences stay in one document exactly where they were neighbours in the file.
+    for (a, b), (sa, sb) in zip(zip(held, held[1:]), zip(splits.eval_sentences, splits.eval_sentences[1:])):
+        assert (sa.document == sb.document) == (b == a + 1)
 
 
 def test_ner_type_unseen_in_training_and_columns_that_do_not_match(tmp_path, tokenizer):

@@ -161,6 +161,31 @@ def test_ner_on_two_processes_trains_an_epoch_once_and_gathers_every_sentence_on
     assert_token_pipeline_agrees(out, rows[:8])
 
 
+@pytest.mark.slow
+def test_ner_with_document_context_scores_every_sentence_once_in_order_as_the_cram_scores_a_test_file(conll, tmp_path):
+    out = tmp_path / "ner-context"
+    launch("finetune_ner", *ner_arguments(conll, out), "--document_context", "--per_device_train_batch_size", 4,
+           "--num_train_epochs", 3, "--max_eval_samples", 45, "--per_device_eval_batch_size", 2, processes=2)
+    results = check_saved_run(out, "eval_predictions.jsonl")
+    # 1,500 sentences of about 12 tokens fill about 160 rows of up to 128 tokens: some 20 steps an epoch, not 188.
+    assert 40 <= results["train_steps"] <= 90, results["train_steps"]
+    assert results["eval_f1"] > 0.1, results["eval_f1"]
+    rows = read_jsonl(out / "eval_predictions.jsonl")
+    blocks = (conll / "valid.txt").read_text().split("\n\n")[:45]
+    sentences = [[line.split() for line in block.splitlines()] for block in blocks]
+    # Rows of several sentences, in batches of 2 over 2 processes: each sentence comes back once, in file order.
+    assert [row["tokens"] for row in rows] == [[word for word, *_ in s] for s in sentences]
+    rescored = compute_entities([row["predictions"] for row in rows], [row["labels"] for row in rows])
+    assert rescored["overall_f1"] == pytest.approx(results["eval_f1"])
+    # The cram's test scoring, given the same sentences as a jsonl file, builds the same rows and finds the same F1.
+    test_file = tmp_path / "valid.jsonl"
+    test_file.write_text("".join(json.dumps({"tokens": row["tokens"], "ner_tags": row["labels"]}) + "\n"
+                                 for row in rows))
+    from recipes.demo_eval import evaluate_tagger
+
+    assert evaluate_tagger(out, test_file, 128, context=True)["f1"] == pytest.approx(results["eval_f1"])
+
+
 # ----- extractive QA -----
 
 @pytest.fixture(scope="module")

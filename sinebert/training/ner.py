@@ -2,7 +2,11 @@
 datasets through `datasets`; IOB1 or IOB2 tags, trained and scored as IOB2; word labels aligned to sub-tokens.
 
 CoNLL files: one token per line, whitespace-separated columns (token and tag columns chosen by index), blank or
-whitespace-only lines between sentences, `-DOCSTART-` lines skipped.
+whitespace-only lines between sentences, `-DOCSTART-` lines between documents.
+
+With document context, each row holds as many consecutive sentences of one document as fit in the length limit, every
+word labelled: a word is tagged seeing its neighbouring sentences (the full name of a person mentioned by surname, the
+team of a score line) for about the same tokens per epoch as one sentence per row.
 """
 
 import random
@@ -29,18 +33,21 @@ class Sentence:
     tokens: list[str]
     tags: list[str]
     origin: str  # where it came from, for error messages: "file line N" or "training row N"
+    # Consecutive sentences of one document share it; document context never crosses from one document to the next.
+    document: str = ""
 
 
 # ----- reading -----
 
 
 def read_conll(path: str, token_column: int, tag_column: int, encoding: str = "utf-8") -> list[Sentence]:
-    """Sentences of a CoNLL-style file; every token line must have as many columns as the file's first one."""
-    sentences, tokens, tags, start, width = [], [], [], 0, None
+    """Sentences of a CoNLL-style file; every token line must have as many columns as the file's first one. A file
+    without `-DOCSTART-` lines is one document."""
+    sentences, tokens, tags, start, width, document = [], [], [], 0, None, f"{path} line 1"
 
     def flush():
         if tokens:
-            sentences.append(Sentence(list(tokens), list(tags), f"{path} line {start}"))
+            sentences.append(Sentence(list(tokens), list(tags), f"{path} line {start}", document))
             tokens.clear()
             tags.clear()
 
@@ -49,6 +56,7 @@ def read_conll(path: str, token_column: int, tag_column: int, encoding: str = "u
             fields = line.split()
             if not fields or fields[0] == "-DOCSTART-":
                 flush()
+                document = f"{path} line {number}" if fields else document
                 continue
             if width is None:
                 width = len(fields)
@@ -84,7 +92,7 @@ def _records_to_sentences(split, split_name: str, token_column: str, tag_column:
         elif any(not isinstance(t, str) for t in tags):
             raise UserError(f"The {origin} has tags that are not strings like 'B-PER' in {tag_column!r}, and the data "
                             "has no ClassLabel names for them.")
-        sentences.append(Sentence(list(tokens), list(tags), origin))
+        sentences.append(Sentence(list(tokens), list(tags), origin, split_name))  # rows in order: one running text
     return sentences
 
 
@@ -148,9 +156,20 @@ def _with_validation(splits: dict[str, list[Sentence]], args) -> dict[str, list[
     random.Random(args.seed).shuffle(order)
     held = max(1, round(len(order) * args.validation_split_percentage / 100))
     return {
-        "train": [splits["train"][i] for i in sorted(order[held:])],
-        "validation": [splits["train"][i] for i in sorted(order[:held])],
+        "train": _consecutive(splits["train"], sorted(order[held:]), "training"),
+        "validation": _consecutive(splits["train"], sorted(order[:held]), "held-out"),
     }
+
+
+def _consecutive(sentences: list[Sentence], indices: list[int], part: str) -> list[Sentence]:
+    """sentences[i] for the ascending `indices`, a new document wherever a sentence's predecessor went to the other
+    part: a held-out sentence is never a training sentence's context, nor the other way round."""
+    picked, document = [], ""
+    for k, i in enumerate(indices):
+        if k == 0 or indices[k - 1] != i - 1 or sentences[i].document != sentences[i - 1].document:
+            document = f"{part} part of {sentences[i].document} from {sentences[i].origin}"
+        picked.append(Sentence(sentences[i].tokens, sentences[i].tags, sentences[i].origin, document))
+    return picked
 
 
 # ----- tags -----
@@ -172,7 +191,7 @@ def to_iob2(sentence: Sentence, scheme: str) -> Sentence:
         tag = "B-" + tag[2:] if starts else tag
         tags.append(tag)
         previous = tag
-    return Sentence(sentence.tokens, tags, sentence.origin)
+    return Sentence(sentence.tokens, tags, sentence.origin, sentence.document)
 
 
 def tag_names(train: list[Sentence]) -> list[str]:
@@ -198,34 +217,58 @@ def check_known_types(sentences: list[Sentence], names: list[str], split: str):
 # ----- tokens -----
 
 
-def encode_sentences(sentences: list[Sentence], tokenizer, names: list[str], max_length: int,
-                     label_all_tokens: bool) -> tuple[list[dict], list[list[int | None]]]:
-    """Rows of token ids with one label per sub-token, and per sentence the position of each word's first
-    sub-token (None for a word cut off by `max_length` or without any token).
+def context_groups(sentences: list[Sentence], lengths: list[int], budget: int) -> list[list[int]]:
+    """The sentences of each row: consecutive sentences of one document while their `lengths` (tokens, no special
+    ones) add up to at most `budget`; a sentence longer than that gets a row of its own (and is cut there)."""
+    groups, used = [], 0
+    for i, (sentence, length) in enumerate(zip(sentences, lengths)):
+        if groups and sentences[groups[-1][-1]].document == sentence.document and used + length <= budget:
+            groups[-1].append(i)
+            used += length
+        else:
+            groups.append([i])
+            used = length
+    return groups
+
+
+def encode_sentences(sentences: list[Sentence], tokenizer, names: list[str], max_length: int, label_all_tokens: bool,
+                     context: bool = False) -> tuple[list[dict], list[tuple[int, list[int | None]]]]:
+    """Rows of token ids with one label per sub-token, one sentence per row or, with `context`, as many of a
+    document's consecutive sentences as fit in `max_length` (`context_groups`); and per sentence its row and the
+    position there of each of its words' first sub-token (None for a word cut off by `max_length` or without any
+    token).
 
     The first sub-token of a word carries its tag; later sub-tokens carry -100 (not trained), or with
     `label_all_tokens` the tag too, B-X turned into I-X since they continue the entity.
     """
+    groups = [[i] for i in range(len(sentences))]
+    if context:
+        pieces = tokenizer([s.tokens for s in sentences], is_split_into_words=True, add_special_tokens=False)
+        lengths = [len(ids) for ids in pieces["input_ids"]]
+        groups = context_groups(sentences, lengths, max_length - tokenizer.num_special_tokens_to_add())
     ids = {name: i for i, name in enumerate(names)}
-    encoding = tokenizer([s.tokens for s in sentences], is_split_into_words=True, truncation=True,
-                         max_length=max_length)
+    encoding = tokenizer([[word for i in group for word in sentences[i].tokens] for group in groups],
+                         is_split_into_words=True, truncation=True, max_length=max_length)
     inputs = [name for name in tokenizer.model_input_names if name in encoding]
-    rows, firsts = [], []
-    for i, sentence in enumerate(sentences):
-        labels, first, previous = [], [None] * len(sentence.tokens), None
-        for position, word in enumerate(encoding.word_ids(i)):
+    rows, places = [], []
+    for row, group in enumerate(groups):
+        tags = [tag for i in group for tag in sentences[i].tags]
+        labels, first, previous = [], [None] * len(tags), None
+        for position, word in enumerate(encoding.word_ids(row)):
             if word is None:
                 labels.append(-100)
             elif word != previous:
-                labels.append(ids[sentence.tags[word]])
+                labels.append(ids[tags[word]])
                 first[word] = position
             else:
-                tag = sentence.tags[word]
+                tag = tags[word]
                 labels.append(ids["I-" + tag[2:] if tag.startswith("B-") else tag] if label_all_tokens else -100)
             previous = word
-        rows.append({**{name: encoding[name][i] for name in inputs}, "labels": labels})
-        firsts.append(first)
-    return rows, firsts
+        rows.append({**{name: encoding[name][row] for name in inputs}, "labels": labels})
+        for i in group:  # the group's words are its sentences' words in order
+            places.append((row, first[: len(sentences[i].tokens)]))
+            first = first[len(sentences[i].tokens):]
+    return rows, places
 
 
 def labelled_token_count(batch: dict) -> int:
@@ -238,7 +281,8 @@ class NerData:
     train_rows: list[dict]
     eval_rows: list[dict]
     eval_sentences: list[Sentence]
-    eval_first_tokens: list[list[int | None]]
+    eval_places: list[tuple[int, list[int | None]]]  # per validation sentence: its row, its words' first sub-tokens
+    train_sentences: int
 
 
 def load_ner_data(args, tokenizer, print_fn=print) -> NerData:
@@ -247,13 +291,14 @@ def load_ner_data(args, tokenizer, print_fn=print) -> NerData:
     validation = [to_iob2(s, args.label_scheme) for s in splits["validation"][: args.max_eval_samples]]
     names = tag_names(train)
     check_known_types(validation, names, "validation")
-    train_rows, _ = encode_sentences(train, tokenizer, names, args.max_length, args.label_all_tokens)
-    eval_rows, firsts = encode_sentences(validation, tokenizer, names, args.max_length, args.label_all_tokens)
-    cut = sum(1 for row, first in zip(eval_rows, firsts) if len(row["input_ids"]) >= args.max_length and None in first)
+    context = args.document_context
+    train_rows, _ = encode_sentences(train, tokenizer, names, args.max_length, args.label_all_tokens, context)
+    eval_rows, places = encode_sentences(validation, tokenizer, names, args.max_length, args.label_all_tokens, context)
+    cut = sum(1 for row, first in places if len(eval_rows[row]["input_ids"]) >= args.max_length and None in first)
     if cut:
         print_fn(f"{cut} validation sentences are longer than --max_length {args.max_length} tokens; their words past "
                  "it are predicted O and scored as such.")
-    return NerData(names, train_rows, eval_rows, validation, firsts)
+    return NerData(names, train_rows, eval_rows, validation, places, len(train))
 
 
 # ----- evaluation -----
@@ -289,8 +334,8 @@ class NerEvaluation(Evaluation):
         }
 
     def score(self, rows):
-        predictions = [word_tags(row["log_probs"], first, self.data.names)
-                       for row, first in zip(rows, self.data.eval_first_tokens)]
+        predictions = [word_tags(rows[row]["log_probs"], first, self.data.names)
+                       for row, first in self.data.eval_places]
         gold = [sentence.tags for sentence in self.data.eval_sentences]
         entities = compute_entities(predictions, gold)
         loss = sum(float(row["loss_sum"]) for row in rows) / max(1, sum(int(row["loss_terms"]) for row in rows))
@@ -323,7 +368,9 @@ def model_card(args, data: NerData) -> dict:
         "details": {
             "tags": ", ".join(data.names),
             "label alignment": "every sub-token" if args.label_all_tokens else "first sub-token of each word",
-            "examples": f"{len(data.train_rows)} training, {len(data.eval_rows)} validation sentences",
+            "examples": f"{data.train_sentences} training, {len(data.eval_sentences)} validation sentences",
+            "context": f"up to {args.max_length} tokens of each sentence's document" if args.document_context
+            else "none (one sentence per row)",
         },
     }
 
