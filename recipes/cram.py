@@ -178,10 +178,12 @@ def conll_test_stage(paths: CramPaths) -> Stage:
     def score(stage: Stage, resumed: bool):
         from .demo_eval import evaluate_tagger
 
-        max_length = read_config_file(str(config_file("conll2003.yaml"))).get("max_length", 128)  # as in training
+        recipe = read_config_file(str(config_file("conll2003.yaml")))  # rows built as in training
+        max_length, context = recipe.get("max_length", 128), recipe.get("document_context", False)
         results = {}
         for start in STARTS:
-            results[start] = evaluate_tagger(paths.finetuned("conll2003", start), paths.data.conll_test, max_length)
+            results[start] = evaluate_tagger(paths.finetuned("conll2003", start), paths.data.conll_test, max_length,
+                                             context)
             print(f"CoNLL-2003 test ({start}): entity F1 {results[start]['f1']:.4f}", flush=True)
         paths.conll_test.write_text(json.dumps(results, indent=1) + "\n")
 
