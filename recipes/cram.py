@@ -30,7 +30,7 @@ from sinebert.training.arguments import read_config_file
 from sinebert.training.errors import UserError, run_cli
 
 from . import cram_data, cram_report
-from .stages import ROOT, SCRIPTS, Launch, Runner, Stage, recorded_launch, signature, start_args
+from .stages import ROOT, SCRIPTS, STARTS, Launch, Runner, Stage, recorded_launch, signature, start_args
 
 CONFIGS = ROOT / "configs" / "cram"
 TASKS = {
@@ -39,7 +39,6 @@ TASKS = {
     "conll2003": ("finetune_ner.py", "conll2003.yaml", "CoNLL-2003"),
     "squad": ("finetune_qa.py", "squad.yaml", "squad_train"),
 }
-STARTS = ("pretrained", "scratch")
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from sinebert.tagging import IOB2TaggingPipeline
 from sinebert.training.ner import Sentence, encode_sentences, word_tags
 
 from .baselines import tfidf_logistic_regression
+from .stages import STARTS
 
-STARTS = ("pretrained", "scratch")
 BAG_OF_WORDS = "classification-tfidf"  # evaluation.json's key of the baseline the classifiers are reported beside
 
 

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from sinebert.training.reporting import plot_curves, read_jsonl  # noqa: E402
 
+from .demo import finetune_launch  # noqa: E402
 from .demo_eval import BAG_OF_WORDS, serve_examples  # noqa: E402
 
 ATTENTION_TEXT = "The people of the United States expect the Congress to pass the budget this year."
@@ -202,13 +203,21 @@ def write_report(plan, paths, launch, ledger) -> Path:
     serving = serve_examples(paths)
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "processes": launch.describe(),
-        "mode": plan.mode, "total_seconds": sum(v.get("seconds", 0) for v in ledger.entries.values()),
+        "finetuning_processes": finetune_launch(launch).describe(), "mode": plan.mode,
+        "total_seconds": ledger.wall_seconds(),
         "stages": stage_rows(paths, ledger, evaluation),
         "comparison": comparison_rows(evaluation, _json(paths.data / "sources.json")), "serving": serving,
     }
     (paths.root / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     paths.report.write_text(report_markdown(plan, paths, summary, figures))
     return paths.report
+
+
+def _finetuning_sentence(summary: dict) -> str:
+    if summary["finetuning_processes"] == summary["processes"]:
+        return "and so did each fine-tuning run"
+    return (f"and each fine-tuning run as {summary['finetuning_processes']}, the runs from the checkpoint and from "
+            "random weights side by side")
 
 
 def model_description(size: dict) -> str:
@@ -224,8 +233,8 @@ def model_description(size: dict) -> str:
 def report_markdown(plan, paths, summary: dict, figures: dict[str, Path]) -> str:
     lines = [
         f"# sinebert demo report ({plan.mode} mode)", "",
-        f"Run on {summary['date']} on {summary['machine']}; training ran as {summary['processes']}. "
-        f"Stage times add up to {_time(summary['total_seconds'])}.", "",
+        f"Run on {summary['date']} on {summary['machine']}; pretraining ran as {summary['processes']}, "
+        f"{_finetuning_sentence(summary)}. The stages took {_time(summary['total_seconds'])} end to end.", "",
         f"Model: {model_description(plan.model)}; pretraining blocks of {plan.seq_length} tokens.", "",
         "## Results", "",
         *markdown_table(("stage", "result", "wall time", "training tokens/s"), summary["stages"]), "",

@@ -1,7 +1,7 @@
 """What the demo and the cram share: how the training scripts are launched on this machine, and the stage runner.
 
-A recipe is a list of stages, each running a real script. A stage whose outputs are complete and whose command is
-unchanged is reused; an interrupted training stage resumes from its last checkpoint. `stages.json` in the output
+A recipe is a list of stages, each running a real script, or of stages that run side by side (`Together`: independent
+runs that split a CPU's cores). A stage whose outputs are complete and whose command is unchanged is reused; an interrupted training stage resumes from its last checkpoint. `stages.json` in the output
 folder keeps what ran, with which command, and how long it took; `launch.json` keeps how the scripts are launched,
 decided at the first start and reused by every rerun, so that a rerun never changes the work it reuses.
 """
@@ -12,8 +12,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,6 +50,14 @@ class Launch:
             command += ["--num_cpu_threads_per_process", str(self.threads)]
         return command + ["--mixed_precision", "bf16" if self.bf16 else "no", str(SCRIPTS / script)]
 
+    def split(self, jobs: int) -> "Launch | None":
+        """How each of `jobs` runs side by side launches on a CPU: one process with an equal share of the cores.
+        None on GPUs (the runs take turns at every GPU) or with fewer cores than jobs."""
+        cores = self.processes * self.threads
+        if self.gpus or cores < jobs:
+            return None
+        return Launch(0, 1, cores // jobs, self.bf16, self.why)
+
     def env(self) -> dict:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         if not self.gpus:
@@ -57,7 +67,7 @@ class Launch:
     def describe(self) -> str:
         if self.gpus:
             return f"{self.processes} GPU process{'es' if self.processes > 1 else ''}" + (", bf16" if self.bf16 else "")
-        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''} each"
+        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}" + (" each" if self.processes > 1 else "")
         processes = f"{self.processes} CPU process{'es' if self.processes > 1 else ''}"
         return f"{processes}, {threads}" + (", bf16" if self.bf16 else "")
 
@@ -131,6 +141,18 @@ class Stage:
     resumable: bool = False
     always: bool = False  # cheap stages that run every time (the report)
     build: Callable[[], list[str]] | None = None
+    live: bool = True  # its output shown as it comes (a stage run beside another writes only to its log)
+
+
+@dataclass
+class Together:
+    """Stages that run side by side, each with its own share of the machine; the first one's output is shown."""
+
+    stages: list[Stage]
+
+
+def members(item: "Stage | Together") -> list[Stage]:
+    return item.stages if isinstance(item, Together) else [item]
 
 
 class Ledger:
@@ -139,6 +161,7 @@ class Ledger:
     def __init__(self, path: Path):
         self.path = path
         self.entries = json.loads(path.read_text()) if path.is_file() else {}
+        self.lock = threading.Lock()  # stages run side by side update it from their threads
 
     def is_done(self, stage: Stage) -> bool:
         entry = self.entries.get(stage.name, {})
@@ -149,14 +172,28 @@ class Ledger:
     def started_same(self, stage: Stage) -> bool:
         return self.entries.get(stage.name, {}).get("signature") == stage.signature
 
-    def start(self, stage: Stage):
-        self.entries[stage.name] = {"signature": stage.signature, "done": False}
-        self._save()
+    def start(self, stage: Stage, together: list[str] = ()):
+        """`together`: the names of the stages started side by side with it (itself included)."""
+        entry = {"signature": stage.signature, "done": False}
+        if len(together) > 1:
+            entry["together"] = list(together)
+        with self.lock:
+            self.entries[stage.name] = entry
+            self._save()
 
     def finish(self, stage: Stage, seconds: float, resumed: bool):
-        self.entries[stage.name].update(done=True, seconds=round(seconds, 1), resumed=resumed,
-                                        finished=time.strftime("%Y-%m-%d %H:%M:%S"))
-        self._save()
+        with self.lock:
+            self.entries[stage.name].update(done=True, seconds=round(seconds, 1), resumed=resumed,
+                                            finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+            self._save()
+
+    def wall_seconds(self) -> float:
+        """The stages' time end to end: stages that ran side by side count once, as the longest of them."""
+        longest: dict[tuple[str, ...], float] = {}
+        for name, entry in self.entries.items():
+            group = tuple(entry.get("together", [name]))
+            longest[group] = max(longest.get(group, 0.0), entry.get("seconds", 0.0))
+        return sum(longest.values())
 
     def outdated(self, stage: Stage) -> bool:
         """Whether a finished stage is older than a stage it needs: a run stopped after rerunning the one and before
@@ -185,16 +222,18 @@ def has_checkpoint(output_dir: Path) -> bool:
     return folder.is_dir() and any(p.name.startswith("step_") for p in folder.iterdir())
 
 
-def run_logged(command: list[str], log_path: Path, env: dict) -> int:
-    """Run `command`, showing its output live (progress bars included) and appending it to `log_path`."""
+def run_logged(command: list[str], log_path: Path, env: dict, live: bool = True) -> int:
+    """Run `command`, appending its output to `log_path` and, when `live`, showing it as it comes (progress bars
+    included)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         log.write(f"$ {' '.join(command)}\n".encode())
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         try:
             for chunk in iter(lambda: process.stdout.read1(65536), b""):
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.buffer.flush()
+                if live:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.buffer.flush()
                 log.write(chunk)
             return process.wait()
         except BaseException:  # Ctrl-C or an error here: stop the stage too (its checkpoints stay for the resume)
@@ -215,28 +254,46 @@ class Runner:
         self.env = launch.env()
         self.started = time.perf_counter()
 
-    def run(self, stages: list[Stage], keep: frozenset[str] = frozenset()):
+    def run(self, stages: list["Stage | Together"], keep: frozenset[str] = frozenset()):
         """`keep`: finished stages to reuse even when a stage they need reran (the user knows what they read is
         unchanged); the ledger marks them."""
         rerun: set[str] = set()
-        for index, stage in enumerate(stages, 1):
-            forced = self.ledger.outdated(stage) or any(name in rerun for name in stage.needs)
-            if forced and stage.name in keep and self.ledger.is_done(stage):
-                forced = False
-                self.ledger.mark_kept(stage)
-            if stage.build is not None:
-                stage.command = stage.build()
-                stage.signature = signature(stage.command)
-            elapsed = _duration(time.perf_counter() - self.started)
-            print(f"\n{'=' * 100}\n[{index}/{len(stages)}] {stage.title}   (time so far {elapsed})\n{'=' * 100}",
-                  flush=True)
-            if not forced and not stage.always and self.ledger.is_done(stage):
-                print(f"Reusing the finished stage (outputs in {_short(stage.outputs[0])}).", flush=True)
-                continue
-            self._run_stage(stage, forced)
-            rerun.add(stage.name)
+        count, index = sum(len(members(item)) for item in stages), 0
+        for item in stages:
+            due = []  # (stage, forced) of this item that have to run
+            for stage in members(item):
+                index += 1
+                forced = self.ledger.outdated(stage) or any(name in rerun for name in stage.needs)
+                if forced and stage.name in keep and self.ledger.is_done(stage):
+                    forced = False
+                    self.ledger.mark_kept(stage)
+                if stage.build is not None:
+                    stage.command = stage.build()
+                    stage.signature = signature(stage.command)
+                elapsed = _duration(time.perf_counter() - self.started)
+                print(f"\n{'=' * 100}\n[{index}/{count}] {stage.title}   (time so far {elapsed})\n{'=' * 100}",
+                      flush=True)
+                if not forced and not stage.always and self.ledger.is_done(stage):
+                    print(f"Reusing the finished stage (outputs in {_short(stage.outputs[0])}).", flush=True)
+                    continue
+                due.append((stage, forced))
+            self._run_side_by_side(due)
+            rerun.update(stage.name for stage, _ in due)
 
-    def _run_stage(self, stage: Stage, forced: bool):
+    def _run_side_by_side(self, due: list[tuple[Stage, bool]]):
+        """Run the stages at once, each in a thread that waits on its script; the first one's output is shown, the
+        others' go to their logs. An error is raised once every stage has ended, so no run is cut short."""
+        together = [stage.name for stage, _ in due]
+        for stage, _ in due[1:]:
+            stage.live = False
+            print(f"'{stage.name}' runs beside '{due[0][0].name}'; its output goes to "
+                  f"{_short(self.logs / f'{stage.name}.log')}.", flush=True)
+        with ThreadPoolExecutor(max(1, len(due))) as pool:
+            futures = [pool.submit(self._run_stage, stage, forced, together) for stage, forced in due]
+        for future in futures:
+            future.result()
+
+    def _run_stage(self, stage: Stage, forced: bool, together: list[str]):
         resumed = False
         if stage.output_dir is not None:
             resumed = stage.resumable and not forced and self.ledger.started_same(stage) and has_checkpoint(
@@ -244,17 +301,19 @@ class Runner:
             if not resumed and stage.output_dir.exists():
                 shutil.rmtree(stage.output_dir)  # a different or unfinished run without a checkpoint: start over
             if resumed:
-                print(f"Resuming from the last checkpoint in {_short(stage.output_dir)}.", flush=True)
-        self.ledger.start(stage)
+                print(f"Resuming {stage.name} from the last checkpoint in {_short(stage.output_dir)}.", flush=True)
+        self.ledger.start(stage, together)
         start = time.perf_counter()
         stage.action(stage, resumed)
         self.ledger.finish(stage, time.perf_counter() - start, resumed)
+        if not stage.live:
+            print(f"'{stage.name}' finished in {_duration(time.perf_counter() - start)}.", flush=True)
 
     def script(self, stage: Stage, resumed: bool = False):
         """The action of a script stage: run its command (resuming when asked) and fail with one sentence."""
         command = stage.command + (["--resume_from_checkpoint", "latest"] if resumed else [])
         log = self.logs / f"{stage.name}.log"
-        status = run_logged(command, log, self.env)
+        status = run_logged(command, log, self.env, stage.live)
         if status != 0:
             raise UserError(
                 f"The stage '{stage.title}' failed with exit status {status}; its output is above and in "
@@ -286,6 +345,9 @@ def signature(command: list[str]) -> list[str]:
     """The command without what changes from run to run but not the work: the rendezvous port."""
     return ["*" if i and command[i - 1] == "--main_process_port" else part for i, part in enumerate(command)]
 
+
+
+STARTS = ("pretrained", "scratch")  # where a recipe's fine-tuning runs start: `start_args`
 
 
 def start_args(start: str, checkpoint: Path) -> list[str]:

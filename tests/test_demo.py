@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from recipes import demo, demo_data, demo_eval, stages
 from recipes.demo import Paths
 from recipes.demo_data import SOURCES, DataLimits
-from recipes.stages import Launch, Ledger, Runner, Stage
+from recipes.stages import Launch, Ledger, Runner, Stage, Together
 from sinebert.training.errors import UserError
 from tests.conftest import ROOT, load_script, tiny_config, user_error
 
@@ -236,6 +237,51 @@ def test_a_failing_script_stage_is_one_sentence_naming_its_log(tmp_path):
     with pytest.raises(UserError, match=expected):
         run.run([stage])
     assert "partial output" in (tmp_path / "logs" / "boom.log").read_text()
+
+
+def test_stages_together_run_side_by_side_show_one_output_and_count_once_in_the_wall_time(tmp_path, capsys):
+    both_started = threading.Barrier(2, timeout=30)  # broken unless the two actions run at the same time
+    run = runner(tmp_path)
+
+    def stage(name, code):
+        def action(stage, resumed):
+            both_started.wait()
+            run.script(stage, resumed)
+        return Stage(name, name, action, [name], [tmp_path / f"{name}.log"],
+                     command=[sys.executable, "-c", f"print('{name} says hi'); import sys; sys.exit({code})"])
+
+    run.run([Together([stage("left", 0), stage("right", 0)])])
+    shown = capsys.readouterr().out
+    assert "left says hi" in shown and "right says hi" not in shown  # the second one's output goes to its log
+    assert "right says hi" in (tmp_path / "logs" / "right.log").read_text()
+    ledger = json.loads((tmp_path / "stages.json").read_text())
+    assert ledger["left"]["together"] == ledger["right"]["together"] == ["left", "right"]
+    ledger["left"]["seconds"], ledger["right"]["seconds"] = 40.0, 30.0
+    ledger["report"] = {"seconds": 5.0}
+    (tmp_path / "stages.json").write_text(json.dumps(ledger))
+    assert Ledger(tmp_path / "stages.json").wall_seconds() == 45.0
+    # A failing run does not cut the other short: the error comes once both have ended.
+    both_started.reset()
+    with pytest.raises(UserError, match="'fails' failed with exit status 3"):
+        run.run([Together([stage("fails", 3), stage("finishes", 0)])])
+    assert json.loads((tmp_path / "stages.json").read_text())["finishes"]["done"] is True
+
+
+def test_cpu_fine_tuning_runs_go_side_by_side_one_process_each_with_the_same_rows_a_step(tmp_path):
+    paths = Paths(root=tmp_path, cache=tmp_path / "cache")
+    tuning = demo.finetune_launch(CPU)
+    assert (tuning.processes, tuning.threads) == (1, 1)
+    plan = demo.PLANS["default"]
+    for launch, processes, rows in ((CPU, "2", "16"), (tuning, "1", "32")):
+        command = demo.finetune_command(plan, paths, launch, "classification", "pretrained")
+        assert command[command.index("--num_processes") + 1] == processes
+        assert command[command.index("--per_device_train_batch_size") + 1] == rows
+    built = demo.build_stages(plan, paths, CPU, runner(tmp_path))
+    pairs = [[stage.name for stage in item.stages] for item in built if isinstance(item, Together)]
+    assert pairs == [["classification-pretrained", "classification-scratch"], ["ner-pretrained", "ner-scratch"]]
+    gpus = Launch(gpus=4, processes=4, threads=1, bf16=True)
+    assert demo.finetune_launch(gpus) is gpus  # on GPUs the runs take turns at every GPU
+    assert not any(isinstance(item, Together) for item in demo.build_stages(plan, paths, gpus, runner(tmp_path)))
 
 
 def test_launch_commands_use_two_cpu_processes_or_every_gpu(monkeypatch):
