@@ -1,8 +1,9 @@
 """What the demo and the cram share: how the training scripts are launched on this machine, and the stage runner.
 
 A recipe is a list of stages, each running a real script, or of stages that run side by side (`Together`: independent
-runs that split a CPU's cores). A stage whose outputs are complete and whose command is unchanged is reused; an interrupted training stage resumes from its last checkpoint. `stages.json` in the output
-folder keeps what ran, with which command, and how long it took; `launch.json` keeps how the scripts are launched,
+runs that split a CPU's cores). A stage whose outputs are complete and whose command is unchanged is reused; an
+interrupted training stage resumes from its last checkpoint. `stages.json` in the output folder keeps what ran, with
+which command, and how long it took; `launch.json` keeps how the scripts are launched,
 decided at the first start and reused by every rerun, so that a rerun never changes the work it reuses.
 """
 
