@@ -308,7 +308,7 @@ class Runner:
         stage.action(stage, resumed)
         self.ledger.finish(stage, time.perf_counter() - start, resumed)
         if not stage.live:
-            print(f"'{stage.name}' finished in {_duration(time.perf_counter() - start)}.", flush=True)
+            print(f"\n'{stage.name}' finished in {_duration(time.perf_counter() - start)}.", flush=True)
 
     def script(self, stage: Stage, resumed: bool = False):
         """The action of a script stage: run its command (resuming when asked) and fail with one sentence."""
