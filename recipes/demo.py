@@ -142,7 +142,7 @@ def build_stages(plan: Plan, paths: Paths, launch: Launch, runner: Runner) -> li
                                      needs=("pretrain",), resumable=True,
                                      build=partial(finetune_command, plan, paths, tuning, task, start)))
         stages += [Together(pair)] if tuning is not launch else pair
-    finetuned = tuple(f"{task}-{start}" for task in ("classification", "ner") for start in ("pretrained", "scratch"))
+    finetuned = tuple(f"{task}-{start}" for task in ("classification", "ner") for start in STARTS)
     stages += [
         Stage("evaluate", "Evaluating the four fine-tuned models and TF-IDF + logistic regression on the test splits",
               lambda stage, resumed: demo_eval.evaluate_all(paths, plan.max_lengths, launch.threads),
