@@ -285,11 +285,15 @@ class Runner:
         """Run the stages at once, each in a thread that waits on its script; the first one's output is shown, the
         others' go to their logs. An error is raised once every stage has ended, so no run is cut short."""
         together = [stage.name for stage, _ in due]
+        if len(due) < 2:  # a lone stage runs here, so that Ctrl-C stops its script at once (`run_logged`)
+            for stage, forced in due:
+                self._run_stage(stage, forced, together)
+            return
         for stage, _ in due[1:]:
             stage.live = False
             print(f"'{stage.name}' runs beside '{due[0][0].name}'; its output goes to "
                   f"{_short(self.logs / f'{stage.name}.log')}.", flush=True)
-        with ThreadPoolExecutor(max(1, len(due))) as pool:
+        with ThreadPoolExecutor(len(due)) as pool:
             futures = [pool.submit(self._run_stage, stage, forced, together) for stage, forced in due]
         for future in futures:
             future.result()
