@@ -3,6 +3,7 @@ training or model choice has seen), and the saved models answering new sentences
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -58,7 +59,7 @@ def tagger_scores(model_dir: Path, sentences: list[Sentence], max_length: int, c
     model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     # A tag the training split never had cannot be predicted; it stays in the gold tags but is encoded as O.
-    known = [Sentence(s.tokens, [t if t in names else "O" for t in s.tags], s.origin) for s in sentences]
+    known = [replace(s, tags=[t if t in names else "O" for t in s.tags]) for s in sentences]
     encoded, places = encode_sentences(known, tokenizer, names, max_length, label_all_tokens=False, context=context)
     collate = PaddingCollator(tokenizer.pad_token_id)
     log_probs, tokens, start = [], 0, time.perf_counter()

@@ -13,6 +13,7 @@ import sinebert  # noqa: F401  (registers the Auto classes and the QA pipeline)
 from sinebert.tagging import IOB2TaggingPipeline
 from sinebert.training.metrics.seqeval_strict import compute_entities
 from sinebert.training.metrics.squad import compute_squad
+from sinebert.training.ner import read_conll
 from sinebert.training.qa import read_squad_json
 from sinebert.training.tokenizer import train_wordpiece
 from tests.conftest import check_model_card, entity_spans, launch_script, load_script, user_error
@@ -181,9 +182,14 @@ def test_ner_with_document_context_scores_every_sentence_once_in_order_as_the_cr
     test_file = tmp_path / "valid.jsonl"
     test_file.write_text("".join(json.dumps({"tokens": row["tokens"], "ner_tags": row["labels"]}) + "\n"
                                  for row in rows))
-    from recipes.demo_eval import evaluate_tagger
+    from recipes.demo_eval import evaluate_tagger, tagger_scores
 
     assert evaluate_tagger(out, test_file, 128, context=True)["f1"] == pytest.approx(results["eval_f1"])
+    # Scoring a CoNLL file keeps its documents: no row runs across a -DOCSTART- line.
+    marked = tmp_path / "marked.txt"
+    marked.write_text("\n\n".join(blocks[:20]) + "\n\n-DOCSTART- -X- -X- O\n\n" + "\n\n".join(blocks[20:]) + "\n")
+    places = tagger_scores(out, read_conll(str(marked), 0, -1), 128, context=True)["places"]
+    assert {row for row, _ in places[:20]}.isdisjoint(row for row, _ in places[20:])
 
 
 # ----- extractive QA -----

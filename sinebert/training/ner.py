@@ -10,7 +10,7 @@ team of a score line) for about the same tokens per epoch as one sentence per ro
 """
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -168,7 +168,7 @@ def _consecutive(sentences: list[Sentence], indices: list[int], part: str) -> li
     for k, i in enumerate(indices):
         if k == 0 or indices[k - 1] != i - 1 or sentences[i].document != sentences[i - 1].document:
             document = f"{part} part of {sentences[i].document} from {sentences[i].origin}"
-        picked.append(Sentence(sentences[i].tokens, sentences[i].tags, sentences[i].origin, document))
+        picked.append(replace(sentences[i], document=document))
     return picked
 
 
@@ -191,7 +191,7 @@ def to_iob2(sentence: Sentence, scheme: str) -> Sentence:
         tag = "B-" + tag[2:] if starts else tag
         tags.append(tag)
         previous = tag
-    return Sentence(sentence.tokens, tags, sentence.origin, sentence.document)
+    return replace(sentence, tags=tags)
 
 
 def tag_names(train: list[Sentence]) -> list[str]:
