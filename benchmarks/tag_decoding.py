@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from seqeval.metrics import f1_score
 
-from recipes.demo_eval import read_jsonl, tagger_scores
+from recipes.demo_eval import read_tagged_jsonl, tagger_scores
 from sinebert.tagging import iob2_transitions
 from sinebert.training.metrics.seqeval_strict import compute_entities
 from sinebert.training.ner import Sentence, read_conll, word_tags
@@ -25,9 +25,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "tag_decoding"
 
 def read_sentences(path: Path) -> list[Sentence]:
     if path.suffix == ".jsonl":
-        rows = read_jsonl(path)
-        return [Sentence(row["tokens"], row["ner_tags"], f"{path} row {i + 1}", str(path))
-                for i, row in enumerate(rows)]
+        return read_tagged_jsonl(path)
     return read_conll(str(path), token_column=0, tag_column=-1)
 
 

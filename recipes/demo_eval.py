@@ -73,13 +73,18 @@ def tagger_scores(model_dir: Path, sentences: list[Sentence], max_length: int, c
             "seconds": time.perf_counter() - start}
 
 
+def read_tagged_jsonl(path: Path) -> list[Sentence]:
+    """The sentences of {'tokens', 'ner_tags'} rows, in order, as one document."""
+    return [Sentence(row["tokens"], row["ner_tags"], f"{path} line {i + 1}", str(path))
+            for i, row in enumerate(read_jsonl(path))]
+
+
 def evaluate_tagger(model_dir: Path, test_file: Path, max_length: int, context: bool = False,
                     batch_size: int = 64) -> dict:
     """Entity-level precision/recall/F1 (strict IOB2) on `test_file` ({'tokens', 'ner_tags'} rows in document
     order); words tagged as the training script scores them (`word_tags`: the best well-formed sequence over their
     first sub-tokens; with `context`, several sentences a row)."""
-    gold = [Sentence(row["tokens"], row["ner_tags"], f"{test_file} line {i + 1}", str(test_file)) for i, row in
-            enumerate(read_jsonl(test_file))]
+    gold = read_tagged_jsonl(test_file)
     scores = tagger_scores(model_dir, gold, max_length, context, batch_size)
     tags = [word_tags(scores["log_probs"][row], first, scores["names"]) for row, first in scores["places"]]
     entities = compute_entities(tags, [s.tags for s in gold])
