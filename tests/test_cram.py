@@ -13,6 +13,8 @@ import pytest
 
 from recipes import cram, cram_data, cram_report, demo_data
 from recipes.demo_data import SOURCES
+from recipes.stages import Launch, Together, members
+from sinebert.training.errors import UserError
 from tests.conftest import ROOT, user_error
 from tests.fixtures import corpus
 from tests.test_demo import package_registry_allowed
@@ -170,6 +172,30 @@ def test_the_budget_comes_from_the_config_and_the_command_line_wins():
         "25,231,360 tokens, at most 0.1 min"
 
 
+def test_cpu_fine_tuning_runs_of_a_task_go_side_by_side_with_the_recipes_global_batch(tmp_path):
+    paths = cram.CramPaths(root=tmp_path, cache=tmp_path / "cache", results=tmp_path / "results")
+    runner = SimpleNamespace(script=None, ledger=None)
+    cpu = Launch(gpus=0, processes=2, threads=1, bf16=True)
+    built = cram.build_stages(cram.PLANS["full"], paths, runner, cpu, tmp_path, context={})
+    pairs = [[stage.name for stage in item.stages] for item in built if isinstance(item, Together)]
+    assert pairs == [[f"{task}-{start}" for start in cram.STARTS] for task in cram.TASKS]
+    for item in built:
+        for stage in members(item):
+            if stage.name in ("pretrain", "sst2-pretrained"):  # 2 processes of the config's 16, or 1 process of 32
+                command = stage.command
+                processes, rows = ("2", None) if stage.name == "pretrain" else ("1", "32")
+                assert command[command.index("--num_processes") + 1] == processes
+                given = command.index("--per_device_train_batch_size") + 1 if rows else None
+                assert (command[given] if given else None) == rows
+    assert cram.stages_until(built, "sst2-pretrained") == built[:5]  # its pair comes with it
+    gpus = Launch(gpus=4, processes=4, threads=1, bf16=True)  # on GPUs the runs take turns at every GPU
+    built = cram.build_stages(cram.PLANS["full"], paths, runner, gpus, tmp_path, context={})
+    assert not any(isinstance(item, Together) for item in built)
+    assert [item.name for item in built[4:7]] == [f"{task}-pretrained" for task in cram.TASKS]
+    with pytest.raises(UserError, match="--num_processes 3 cannot split the recipe's global batch of 32"):
+        cram.batch_args(cram.config_file("sst2.yaml"), Launch(gpus=0, processes=3, threads=1, bf16=True))
+
+
 def test_unknown_stage_and_missing_shared_data_are_one_sentence(tmp_path, capsys, shared_layout):
     line = user_error(capsys, cram, ["--quick", "--output_dir", tmp_path / "out", "--shared_data", shared_layout,
                                      "--stop_after", "pretraining"])
@@ -197,7 +223,9 @@ def test_markdown_table_marks_targets_and_shows_every_stage():
                     "train_tokens_per_second": 4500.0,
                     "load_average": {"start": [2.0, 2.0, 2.0], "end": [3.0, 2.5, 2.1]}},
                    {"stage": "sst2-scratch", "wall_seconds": 60.0, "resumed": False, "kept": True,
-                    "finished": "2026-01-01 10:00:00"}],
+                    "finished": "2026-01-01 10:00:00"},
+                   {"stage": "squad-pretrained", "wall_seconds": 90.0, "resumed": False,
+                    "beside": ["squad-scratch"]}],
         "total_wall_seconds": 1300.0,
     }
     text = cram_report.markdown(results)
@@ -208,6 +236,7 @@ def test_markdown_table_marks_targets_and_shows_every_stage():
     assert ("| pretrain (resumed) | 5,400,000 tokens | 20.00 | 21.67 | 1,000 | 5.40 | 4,500 | 2.0/2.0/2.0 -> "
             "3.0/2.5/2.1 |") in text
     assert "| sst2-scratch (kept, finished 2026-01-01 10:00:00) | - | - | 1.00 | - | - | - | - |" in text
+    assert "| squad-pretrained (beside squad-scratch) | - | - | 1.50 |" in text
     assert "2026-01-02; AMD EPYC, 2 cores" in text and "`make cram`" in text
 
 
@@ -247,7 +276,15 @@ def test_quick_cram_end_to_end_then_reused(tmp_path, shared_layout, sotu_cache):
             assert 0.9 * cram.QUICK_PRETRAIN_TOKENS <= row["train_tokens"] <= cram.QUICK_PRETRAIN_TOKENS  # (epoch ends)
         elif name != "embeddings":
             assert row["budget"]["max_train_steps"] == row["train_steps"] == cram.QUICK_STEPS, name
-    assert results["total_wall_seconds"] >= sum(row["wall_seconds"] for row in stages.values()) - 1
+    # On a CPU the two runs of a task go side by side: the total counts each pair once, as its longer run.
+    assert cram.finetune_launch(Launch(**json.loads((output / "launch.json").read_text()))) is not None
+    for task in cram.TASKS:
+        pretrained, scratch = stages[f"{task}-pretrained"], stages[f"{task}-scratch"]
+        assert pretrained["beside"] == [scratch["stage"]] and scratch["beside"] == [pretrained["stage"]]
+    pairs = sum(min(stages[f"{task}-{start}"]["wall_seconds"] for start in cram.STARTS) for task in cram.TASKS)
+    assert math.isclose(results["total_wall_seconds"], sum(row["wall_seconds"] for row in stages.values()) - pairs,
+                        abs_tol=0.5)
+    assert "side by side" in results["machine"]["launch"]
     table = (output / "results" / "cram.md").read_text()
     assert "| SST-2 dev accuracy |" in table and "| pretrain |" in table and "--quick" in table
     assert json.loads((output / "data" / "data.json").read_text())["limits"]["pretrain_lines"] == 400
