@@ -93,15 +93,6 @@ def stage_rows(paths, ledger, load: dict, order: list[str]) -> list[dict]:
     return rows
 
 
-def end_to_end_seconds(rows: list[dict]) -> float:
-    """The stages' wall time end to end: stages that ran side by side count once, as the longest of them."""
-    longest: dict[frozenset, float] = {}
-    for row in rows:
-        group = frozenset([row["stage"], *row.get("beside", [])])
-        longest[group] = max(longest.get(group, 0.0), row["wall_seconds"] or 0.0)
-    return sum(longest.values())
-
-
 def collect(paths, ledger, context: dict, order: list[str]) -> dict:
     pretrain = _json(paths.pretrain / "all_results.json")
     embeddings = _json(paths.embeddings / "all_results.json")
@@ -134,7 +125,7 @@ def collect(paths, ledger, context: dict, order: list[str]) -> dict:
         "targets_met": {key: metrics["pretrained"][key] is not None and metrics["pretrained"][key] >= value
                         for key, value in TARGETS.items()},
         "stages": stages,
-        "total_wall_seconds": round(end_to_end_seconds(stages), 1),
+        "total_wall_seconds": round(ledger.wall_seconds([row["stage"] for row in stages]), 1),
     }
 
 

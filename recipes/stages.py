@@ -188,10 +188,13 @@ class Ledger:
                                             finished=time.strftime("%Y-%m-%d %H:%M:%S"))
             self._save()
 
-    def wall_seconds(self) -> float:
-        """The stages' time end to end: stages that ran side by side count once, as the longest of them."""
+    def wall_seconds(self, names: list[str] | None = None) -> float:
+        """The time end to end of the stages `names` (default: all): stages that ran side by side count once, as the
+        longest of them."""
         longest: dict[tuple[str, ...], float] = {}
         for name, entry in self.entries.items():
+            if names is not None and name not in names:
+                continue
             group = tuple(entry.get("together", [name]))
             longest[group] = max(longest.get(group, 0.0), entry.get("seconds", 0.0))
         return sum(longest.values())
