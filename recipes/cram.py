@@ -32,8 +32,8 @@ from sinebert.training.arguments import read_config_file
 from sinebert.training.errors import UserError, run_cli
 
 from . import cram_data, cram_report
-from .stages import (ROOT, SCRIPTS, STARTS, Launch, Runner, Stage, Together, members, recorded_launch, signature,
-                     start_args)
+from .stages import (ROOT, SCRIPTS, STARTS, Launch, Runner, Stage, Together, finetune_launch, members,
+                     recorded_launch, signature, stage_names, start_args)
 
 CONFIGS = ROOT / "configs" / "cram"
 TASKS = {
@@ -232,18 +232,9 @@ def _recording_load(action, path: Path):
     return recorded
 
 
-def finetune_launch(launch: Launch) -> Launch | None:
-    """On a CPU, how each of a task's two fine-tuning runs (from the checkpoint and from random weights) launches to
-    run side by side: one process with its share of the cores, the recipe's global batch in it. These small models
-    spend much of a data-parallel step waiting for the other process, so a pair takes about 40% less time than the
-    two runs in turn (recipes/demo.py measured it). None on GPUs, where the runs take turns at every GPU, and on one
-    core."""
-    return launch.split(len(STARTS))
-
-
 def describe_launch(launch: Launch) -> str:
     tuning = finetune_launch(launch)
-    if tuning is None:
+    if tuning is launch:
         return launch.describe()
     return (f"{launch.describe()}; fine-tuning: the two runs of each task side by side, each as {tuning.describe()}, "
             "with the same global batch")
@@ -260,14 +251,14 @@ def build_stages(plan: Plan, paths: CramPaths, runner: Runner, launch: Launch, s
         pretrain_stage(plan, paths, runner, launch),
     ]
     tuning = finetune_launch(launch)
-    if tuning is None:  # in turn, pretrained first: if the time runs out, the numbers that matter most are there
+    if tuning is launch:  # in turn, pretrained first: if the time runs out, the numbers that matter most are there
         stages += [finetune_stage(plan, paths, runner, launch, shared, task, start) for start in STARTS
                    for task in TASKS]
     else:
         stages += [Together([finetune_stage(plan, paths, runner, tuning, shared, task, start) for start in STARTS])
                    for task in TASKS]
     stages = [record_load(item, paths.load) for item in [*stages, conll_test_stage(paths)]]
-    names = [stage.name for item in stages for stage in members(item)]  # the table's row order
+    names = stage_names(stages)  # the table's row order
     stages += [
         Stage("results", "Writing the results table", lambda stage, resumed: cram_report.write(
               paths, runner.ledger, context, order=names), signature=["results"],
@@ -283,7 +274,7 @@ def stages_until(stages: list["Stage | Together"], stop_after: str | None) -> li
     """The stages up to the one named `stop_after` (all without it); a stage that runs beside others brings them."""
     if stop_after is None:
         return stages
-    last = next(i for i, item in enumerate(stages) if stop_after in [stage.name for stage in members(item)])
+    last = next(i for i, item in enumerate(stages) if stop_after in stage_names([item]))
     return stages[: last + 1]
 
 
@@ -306,7 +297,7 @@ def run_cram(mode: str, output_dir: str | None = None, shared_data: str | None =
     runner = Runner(root, launch)
     context = cram_report.machine_context(plan.mode, describe_launch(launch), command)
     stages = build_stages(plan, paths, runner, launch, shared, context)
-    names = [stage.name for item in stages for stage in members(item)]
+    names = stage_names(stages)
     if stop_after is not None and stop_after not in names:
         raise UserError(f"--stop_after {stop_after!r} is not a stage; the stages are {', '.join(names)}.")
     unknown = [name for name in keep if name not in names]

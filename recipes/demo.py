@@ -25,7 +25,8 @@ from pathlib import Path
 from sinebert.training.errors import UserError, run_cli
 
 from .demo_data import DataLimits, prepare_all
-from .stages import SCRIPTS, STARTS, Launch, Runner, Stage, Together, recorded_launch, script_stage, start_args
+from .stages import (SCRIPTS, STARTS, Launch, Runner, Stage, Together, finetune_launch, recorded_launch,
+                     script_stage, start_args)
 
 
 @dataclass(frozen=True)
@@ -160,14 +161,6 @@ def build_stages(plan: Plan, paths: Paths, launch: Launch, runner: Runner) -> li
               signature=["report"], outputs=[paths.report], always=True),
     ]
     return stages
-
-
-def finetune_launch(launch: Launch) -> Launch:
-    """How each fine-tuning run launches. On a CPU the runs from the checkpoint and from random weights go side by
-    side, one process each: these small models spend much of a data-parallel step waiting for the other process
-    (200 steps of the classifier: 30 s for 2 processes of 16 rows, 35 s for each of two single-process runs of 32
-    side by side), so a pair takes about 40% less time. On GPUs they take turns at every GPU."""
-    return launch.split(len(STARTS)) or launch
 
 
 def pretrain_files(plan: Plan, paths: Paths) -> list[str]:

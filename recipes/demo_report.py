@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from sinebert.training.reporting import plot_curves, read_jsonl  # noqa: E402
 
-from .demo import finetune_launch  # noqa: E402
 from .demo_eval import BAG_OF_WORDS, serve_examples  # noqa: E402
+from .stages import finetune_launch  # noqa: E402
 
 ATTENTION_TEXT = "The people of the United States expect the Congress to pass the budget this year."
 TASKS = {

@@ -277,7 +277,8 @@ def test_quick_cram_end_to_end_then_reused(tmp_path, shared_layout, sotu_cache):
         elif name != "embeddings":
             assert row["budget"]["max_train_steps"] == row["train_steps"] == cram.QUICK_STEPS, name
     # On a CPU the two runs of a task go side by side: the total counts each pair once, as its longer run.
-    assert cram.finetune_launch(Launch(**json.loads((output / "launch.json").read_text()))) is not None
+    launch = Launch(**json.loads((output / "launch.json").read_text()))
+    assert cram.finetune_launch(launch) is not launch
     for task in cram.TASKS:
         pretrained, scratch = stages[f"{task}-pretrained"], stages[f"{task}-scratch"]
         assert pretrained["beside"] == [scratch["stage"]] and scratch["beside"] == [pretrained["stage"]]
