@@ -8,6 +8,7 @@ same batches.
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
     python benchmarks/speed.py --inference_only --compiled  # the same with every model torch.compile'd (serving)
+    python benchmarks/speed.py --name speed_h200    # results under another name (another machine's)
     python benchmarks/speed.py --kernels    # full attention alone: PyTorch's SDPA against sinebert's matmul kernel;
                                             # and the bf16 softmax and products that unpadding rounds up for
 
@@ -23,7 +24,7 @@ machine noise hits all alike; each sinebert row's ratio is against the fastest o
 - peak memory (RSS) of each in a fresh process;
 - masked-token accuracy after the same steps on the same real batches, at both sizes (--curve_steps), against the
   steps and against each model's own training seconds (time to accuracy).
-Writes benchmarks/results/speed.{json,md} and speed.png.
+Writes benchmarks/results/speed.{json,md,png} (--name NAME: NAME.{json,md,png}).
 """
 
 import argparse
@@ -82,10 +83,12 @@ def peak_gflops() -> dict:
     return {p: matmul_peak(p) for p in ("fp32", "bf16")}
 
 
-def matmul_peak(precision: str, n: int = 2048, repeats: int = 10) -> float:
+def matmul_peak(precision: str, repeats: int = 10) -> float:
     """Best GFLOP/s of an n x n matrix product on the path training takes: `F.linear` on fp32 tensors, under bf16
-    autocast for "bf16". (A plain bf16 matmul is not that path: on a CPU without bf16 instructions it runs ~20x
-    slower than autocast's linear, and made the model look faster than the peak.)"""
+    autocast for "bf16"; n = 2048 on a CPU, 8192 on a GPU (where 2048 is too small to fill the chip). (A plain bf16
+    matmul is not that path: on a CPU without bf16 instructions it runs ~20x slower than autocast's linear, and made
+    the model look faster than the peak.)"""
+    n = 8192 if DEVICE.type == "cuda" else 2048
     a, b = torch.randn(n, n, device=DEVICE), torch.randn(n, n, device=DEVICE)
 
     def product():
@@ -378,9 +381,12 @@ def rounding_times(repeats: int = 20) -> list[str]:
 
 
 def training_peak(model_name: str, size: str, precision: str, steps: int) -> float:
-    """Peak memory (MiB) of `steps` training steps of one model, run in a fresh process: the process's peak RSS on
-    a CPU, the CUDA allocator's peak on a GPU."""
+    """Peak memory (MiB) of `steps` training steps of one model: the process's peak RSS on a CPU (run it in a fresh
+    process), the CUDA allocator's peak since the model was built on a GPU."""
     model = modernbert(size) if model_name == "modernbert" else dict(zip(("sinebert", "bert"), models(size)))[model_name]
+    if DEVICE.type == "cuda":  # the other model of `models` is freed by now
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     optimizer = torch.optim.AdamW(model.parameters(), fused=True)
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
@@ -391,7 +397,11 @@ def training_peak(model_name: str, size: str, precision: str, steps: int) -> flo
 
 
 def peak_memory(model_name: str, size: str, precision: str, steps: int = 3) -> float:
-    """`training_peak` in a fresh process, so that one model's allocations do not count for the other."""
+    """`training_peak` in a fresh process, so that one model's allocations do not count for the other; on a GPU in
+    this one, from a reset of the allocator's peak with no other model held (on a lent H200, 12 fresh processes, each
+    starting CUDA, had not finished in the 3 minutes left of the run's 5)."""
+    if DEVICE.type == "cuda":
+        return training_peak(model_name, size, precision, steps)
     call = f"training_peak({model_name!r}, {size!r}, {precision!r}, {steps})"
     code = f"from benchmarks.speed import training_peak; print({call})"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -478,7 +488,7 @@ LABELS = {"bert": "HF BERT (sdpa)", "modernbert": "ModernBERT (sdpa)", "sinebert
           "sinebert_dropping": "sinebert, token dropping"}
 
 
-def plot(report: dict):
+def plot(report: dict, path: Path):
     """speed.png: pretraining tokens/s per row, and per size held-out accuracy against each model's training
     seconds (time to accuracy)."""
     import matplotlib
@@ -506,7 +516,7 @@ def plot(report: dict):
         axis.set_ylabel("held-out masked-token accuracy (%)")
         axis.legend()
     figure.tight_layout()
-    figure.savefig(RESULTS / "speed.png", dpi=110)
+    figure.savefig(path, dpi=110)
 
 
 def curves_table(curves: dict) -> list[str]:
@@ -585,8 +595,10 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--curve_steps", type=int, default=200)
+    parser.add_argument("--name", default="speed",
+                        help="The results' name in benchmarks/results (default: speed; say which machine's otherwise).")
     parser.add_argument("--remeasure", choices=("memory", "peak", "training"),
-                        help="Redo only this part of benchmarks/results/speed.json and rewrite the results.")
+                        help="Redo only this part of benchmarks/results/NAME.json and rewrite the results.")
     parser.add_argument("--cell", nargs=2, metavar=("SIZE", "PRECISION"),
                         help="With --remeasure training: only this row (e.g. small fp32), where another job had "
                              "shared the machine.")
@@ -618,7 +630,7 @@ def main():
     if args.cell and args.remeasure != "training":
         parser.error("--cell goes with --remeasure training.")
     if args.remeasure:
-        return remeasure(args.remeasure, args.steps, tuple(args.cell) if args.cell else None)
+        return remeasure(args.name, args.remeasure, args.steps, tuple(args.cell) if args.cell else None)
     steps = 2 if args.quick else args.steps
     cells = [(size, p) for size in SIZES for p in ("fp32", "bf16") if native or p == "fp32" or size == "small"]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "native_bf16": native}
@@ -635,7 +647,7 @@ def main():
         report["curves"] = accuracy_curves(args.curve_steps, "bf16" if native else "fp32")
     print(markdown(report))
     if not args.quick:
-        save(report)
+        save(report, args.name)
 
 
 def training_row(size: str, precision: str, steps: int, native: bool) -> dict:
@@ -659,8 +671,8 @@ def memory_rows(cells: list[tuple[str, str]], native: bool) -> dict:
             for size, p in cells}
 
 
-def remeasure(part: str, steps: int, cell: tuple[str, str] | None = None):
-    report = json.loads((RESULTS / "speed.json").read_text())
+def remeasure(name: str, part: str, steps: int, cell: tuple[str, str] | None = None):
+    report = json.loads((RESULTS / f"{name}.json").read_text())
     if part == "training":
         if cell and cell not in {(row["size"], row["precision"]) for row in report["training"]}:
             raise SystemExit(f"--cell {' '.join(cell)}: no such training row in the saved results.")
@@ -674,14 +686,15 @@ def remeasure(part: str, steps: int, cell: tuple[str, str] | None = None):
         report["peak_gflops"] = peak_gflops()
     report[f"{part}_date"] = time.strftime("%Y-%m-%d")
     print(markdown(report))
-    save(report)
+    save(report, name)
 
 
-def save(report: dict):
+def save(report: dict, name: str):
+    """benchmarks/results/NAME.{json,md,png}."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "speed.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "speed.md").write_text(markdown(report))
-    plot(report)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(report))
+    plot(report, RESULTS / f"{name}.png")
 
 
 if __name__ == "__main__":

@@ -116,13 +116,19 @@ def glu_settings(dims: dict) -> dict:
     return {"mlp_type": "glu", "intermediate_size": 16 * round(2 * dims["intermediate_size"] / 3 / 16)}
 
 
-def build(name: str, vocab: int, dims: dict, precision: str, **overrides) -> torch.nn.Module:
-    """ModernBERT (`name` "modernbert") or sinebert with the cram's pretraining settings, token dropping for
-    "sinebert_dropping", a GLU feed-forward for "sinebert_glu", and `overrides` of them."""
+def modernbert_attention(precision: str) -> str:
+    """ModernBERT's faster attention implementation in speed.py's pretraining rows: "eager" for bf16 on a CPU,
+    "sdpa" otherwise (--modernbert_attention where speed.py measured otherwise)."""
+    return "eager" if precision == "bf16" and speed.DEVICE.type == "cpu" else "sdpa"
+
+
+def build(name: str, vocab: int, dims: dict, precision: str, attention: str = "sdpa", **overrides) -> torch.nn.Module:
+    """ModernBERT (`name` "modernbert", under `attention`) or sinebert with the cram's pretraining settings, token
+    dropping for "sinebert_dropping", a GLU feed-forward for "sinebert_glu", and `overrides` of them."""
     torch.manual_seed(0)
     if name == "modernbert":
-        attention = "eager" if precision == "bf16" else "sdpa"  # the faster in speed.py's rows here
-        return speed.ModernBertForMaskedLM(speed.modernbert_config(dims, attention, vocab)).to(speed.DEVICE)
+        config = speed.modernbert_config(dims, attention, vocab)
+        return speed.ModernBertForMaskedLM(config).to(speed.DEVICE)
     extra = {"sinebert_dropping": speed.TOKEN_DROPPING, "sinebert_glu": glu_settings(dims)}.get(name, {})
     config = SineBertConfig(**dims | speed.pretraining_settings() | extra | overrides, vocab_size=vocab,
                             max_position_embeddings=512)
@@ -174,9 +180,9 @@ class Batches:
 
 
 def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int,
-        names: tuple = DEFAULT_CONTENDERS) -> dict:
+        names: tuple = DEFAULT_CONTENDERS, attention: str = "sdpa") -> dict:
     batches = Batches.of(train_lines, held_lines, vocab)
-    contenders = [Contender(name, build(name, batches.vocab, dims, precision), 60 * minutes * share)
+    contenders = [Contender(name, build(name, batches.vocab, dims, precision, attention), 60 * minutes * share)
                   for name, _, share in CONTENDERS if name in names]
     marks = {c.name: 0 for c in contenders}  # evaluations done
     while (contender := next_contender(contenders)) is not None:
@@ -192,6 +198,7 @@ def run(train_lines: list[str], held_lines: list[str], minutes: float, precision
                                 speed.masked_accuracy(contender.model, batches.held, precision)))
     return {
         "minutes": minutes, "precision": precision, "dims": dims, **batches.report(),
+        "modernbert_attention": attention,
         "curves": {c.name: {"budget_seconds": c.budget, "steps": c.steps, "points": c.curve} for c in contenders},
     }
 
@@ -309,6 +316,9 @@ def main(argv=None):
     parser.add_argument("--tiny", action="store_true", help="Tiny models and vocabulary: checks that it runs.")
     parser.add_argument("--contenders", nargs="+", choices=[name for name, _, _ in CONTENDERS],
                         default=DEFAULT_CONTENDERS, help="Which models race (default: %(default)s); ModernBERT always.")
+    parser.add_argument("--modernbert_attention", choices=("sdpa", "eager"),
+                        help="ModernBERT's attention (default: the faster in speed.py's rows, eager for bf16 on a CPU, "
+                             "else sdpa).")
     add_text_arguments(parser)
     args = parser.parse_args(argv)
     if "modernbert" not in args.contenders:
@@ -317,7 +327,7 @@ def main(argv=None):
     train_lines, held_lines, text = text_of(args)
     dims = TINY if args.tiny else speed.SIZES["small"]
     report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB,
-                 tuple(args.contenders))
+                 tuple(args.contenders), args.modernbert_attention or modernbert_attention(precision))
     report |= {"text": text, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),
                "torch": torch.__version__, "platform": platform.platform(),
                "command": "python benchmarks/time_to_accuracy.py " + " ".join(argv or sys.argv[1:])}
