@@ -64,6 +64,11 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask[:, None, None, :]
 
 
+def nonzero(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """The flattened indices `(count,)` of the `count` True places of `mask`, in row-major order."""
+    return torch.nonzero_static(mask.flatten(), size=count).squeeze(-1)
+
+
 class PaddedLayout(NamedTuple):
     """Where `n` rows go in a padded `(batch, seq)` grid: `slots`, their places in the flattened grid, and `padding`,
     the other places."""
@@ -74,12 +79,13 @@ class PaddedLayout(NamedTuple):
     seq: int
 
     @classmethod
-    def of(cls, real: torch.Tensor, slots: torch.Tensor | None = None) -> "PaddedLayout":
-        """real: `(batch, seq)` bool, True where a row goes; the rows fill those places in row-major order unless
-        `slots` gives another order."""
+    def of(cls, real: torch.Tensor, count: int, slots: torch.Tensor | None = None) -> "PaddedLayout":
+        """real: `(batch, seq)` bool, True at the `count` places where a row goes; the rows fill those places in
+        row-major order unless `slots` gives another order. (The count, read from the device by the caller with
+        the other sizes of the pass, spares `nonzero` a read of its own: on a GPU each is a wait.)"""
         if slots is None:
-            slots = real.flatten().nonzero().squeeze(-1)
-        return cls(slots, (~real).flatten().nonzero().squeeze(-1), *real.shape)
+            slots = nonzero(real, count)
+        return cls(slots, nonzero(~real, real.numel() - count), *real.shape)
 
     def pad(self, values: torch.Tensor) -> torch.Tensor:
         """`(n, ...)` -> `(batch, seq, ...)`, zeros at the padding."""
@@ -138,7 +144,7 @@ def attention_buckets(lengths: list[int], device: torch.device, key_multiple: in
         real = columns < counts  # (batch, k_seq)
         grid = torch.where(real, starts + columns, start)
         mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
-        places = real[:, : run[0]].nonzero().unbind(1)
+        places = torch.nonzero_static(real[:, : run[0]], size=sum(run)).unbind(1)
         buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, places, run[0], mask))
         start += sum(run)
     return tuple(buckets)
@@ -181,15 +187,18 @@ class TokenRows(NamedTuple):
         real = attention_mask.bool()
         lengths = real.sum(1)  # (batch,)
         order = torch.argsort(lengths, descending=True, stable=True)
+        sorted_lengths = lengths[order]  # (batch,) longest first
+        on_host = sorted_lengths.tolist()  # the layout's one read of the device
         positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
-        layout = PaddedLayout.of(real, slots=positions[real[order]])
-        fillers = -len(layout.slots) % row_multiple if len(layout.slots) >= FILLED_MIN_ROWS else 0
+        n_real = sum(on_host)
+        layout = PaddedLayout.of(real, n_real, slots=positions.flatten()[nonzero(real[order], n_real)])
+        fillers = -n_real % row_multiple if n_real >= FILLED_MIN_ROWS else 0
         rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
         if not packed:
-            return cls(layout, attention_buckets(lengths[order].tolist(), real.device, key_multiple), rows)
-        counts = lengths[order][lengths[order] > 0]  # longest first; sequences without tokens left out
+            return cls(layout, attention_buckets(on_host, real.device, key_multiple), rows)
+        counts = sorted_lengths[: sum(1 for n in on_host if n)]  # sequences without tokens left out
         cu_seq_lens = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
-        return cls(layout, (), rows, Packing(cu_seq_lens, int(counts[0]) if len(counts) else 0))
+        return cls(layout, (), rows, Packing(cu_seq_lens, on_host[0] if on_host else 0))
 
     @property
     def n_real(self) -> int:
@@ -236,10 +245,12 @@ class QueryRows(NamedTuple):
     @classmethod
     def from_mask(cls, output_mask: torch.Tensor, tokens: TokenRows | None) -> "QueryRows":
         read = output_mask.bool()
-        positions = read.flatten().nonzero().squeeze(-1)  # (n_read,) in the flattened batch, row-major
         counts = read.sum(1)  # (batch,)
-        queries = torch.arange(int(counts.max()) if counts.numel() else 0, device=read.device) < counts[:, None]
-        return cls(positions if tokens is None else tokens.rows_of(positions), PaddedLayout.of(queries))
+        on_host = counts.tolist()  # the one read of the device
+        n_read = sum(on_host)
+        positions = nonzero(read, n_read)  # (n_read,) in the flattened batch, row-major
+        queries = torch.arange(max(on_host, default=0), device=read.device) < counts[:, None]  # (batch, most)
+        return cls(positions if tokens is None else tokens.rows_of(positions), PaddedLayout.of(queries, n_read))
 
 
 class LayerRows(NamedTuple):
@@ -250,17 +261,17 @@ class LayerRows(NamedTuple):
     queries: QueryRows | None
 
     def attend(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
-               output_attentions: bool = False, positions: torch.Tensor | None = None) -> torch.Tensor:
+               output_attentions: bool = False, rotation=None) -> torch.Tensor:
         """The heads' outputs of `attention` (a SineBertAttention) before its output projection, `(rows, hidden)`:
         every row is a key and a value, and the rows of `queries` (all where None) are the queries. No kernel of a
-        padding-free batch returns weights, so `output_attentions` only makes the kernel say so. `positions`: the
-        rows' tokens' positions (`TokenLayout.positions`), for rotary attention."""
+        padding-free batch returns weights, so `output_attentions` only makes the kernel say so. `rotation`: the
+        rows' tokens' (`TokenLayout.rotation`), for rotary attention."""
         full = attention.layer_type == "full_attention"
         packed = self.tokens is not None and self.tokens.packing is not None
         if self.queries is not None and full and not packed:  # (packed: every row is a query, the rows read kept)
-            return self._attend_queries(attention, hidden_states, mask, output_attentions, positions)
+            return self._attend_queries(attention, hidden_states, mask, output_attentions, rotation)
         # (n_real + fillers, 3 * hidden) or (batch, seq, 3 * hidden)
-        qkv = attention.rotate(attention.qkv_proj(hidden_states), positions)
+        qkv = attention.rotate(attention.qkv_proj(hidden_states), rotation)
         if self.tokens is None:
             output, _ = attention.attend_padded(qkv, mask, output_attentions)
         elif full and packed:
@@ -303,16 +314,16 @@ class LayerRows(NamedTuple):
         return torch.cat(parts) if parts else qkv.new_zeros(0, qkv.shape[-1] // 3)
 
     def _attend_queries(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
-                        output_attentions: bool, positions: torch.Tensor | None) -> torch.Tensor:
+                        output_attentions: bool, rotation) -> torch.Tensor:
         """Full attention with only the rows read as queries -> `(n_read, hidden)`: the query projection runs on
         those rows alone."""
         hidden, heads, head_dim = attention.out_proj.in_features, attention.num_heads, attention.head_dim
         weight, bias = attention.qkv_proj.weight, attention.qkv_proj.bias  # (3 * hidden, hidden): query, key, value
         query = torch.nn.functional.linear(self.read(hidden_states), weight[:hidden], bias[:hidden])  # (n_read, hidden)
         key_value = torch.nn.functional.linear(hidden_states, weight[hidden:], bias[hidden:])  # every token
-        if positions is not None:
-            query = attention.rotate(query, positions.reshape(-1).index_select(0, self.queries.index), blocks=1)
-            key_value = attention.rotate(key_value, positions, blocks=1)  # the keys
+        if rotation is not None:
+            query = attention.rotate(query, rotation.select(self.queries.index), blocks=1)
+            key_value = attention.rotate(key_value, rotation, blocks=1)  # the keys
         query = self.queries.layout.pad(query)  # (batch, queries, hidden)
         if self.tokens is not None:
             key_value = self.tokens.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked
@@ -387,11 +398,12 @@ class TokenLayout:
     """
 
     def __init__(self, config, attention_mask, output_mask, kept_tokens, position_ids, shape, device, dtype,
-                 output_hidden_states, packed: bool = False):
+                 output_hidden_states, packed: bool = False, rotary=None):
         """`packed`: full attention runs "varlen" (`attention_sinebert.packed_attention`); then every batch is
-        packed, padded or not, so that what runs is what is reported."""
-        self.position_grid = None  # (batch, seq), which rotary attention reads
-        if config.position_embedding_type == "rotary":
+        packed, padded or not, so that what runs is what is reported. `rotary`: with rotary positions, what makes the
+        rotation of tokens at given positions (`modeling_sinebert.Rotation.of`), else None."""
+        self.rotary, self.rotations = rotary, {}  # one rotation per set of rows: every row, and the kept ones
+        if rotary is not None:  # (batch, seq)
             grid = torch.arange(shape[1], device=device)[None] if position_ids is None else position_ids
             self.position_grid = grid.expand(shape)
         fast = config._attn_implementation != "eager" and not is_tracing()
@@ -474,13 +486,18 @@ class TokenLayout:
         queries = self.queries if index == self.last_layer else None
         return None if tokens is None and queries is None else LayerRows(tokens, queries)
 
-    def positions(self, index: int) -> torch.Tensor | None:
-        """With rotary positions, those of the tokens whose rows layer `index` computes: the `(batch, seq)` grid of
-        the padded batch or `(rows,)`; else None."""
-        if self.position_grid is None:
+    def rotation(self, index: int):
+        """With rotary positions, the rotation of the tokens whose rows layer `index` computes (of the padded batch's
+        `(batch, seq)` grid or of `(rows,)`), made once for every layer that computes the same rows; else None."""
+        if self.rotary is None:
             return None
-        tokens = self.kept_rows if index in self.dropping else self.tokens
-        return self.position_grid if tokens is None else self.position_grid.reshape(-1).index_select(0, tokens.rows)
+        dropping = index in self.dropping
+        if dropping not in self.rotations:
+            tokens = self.kept_rows if dropping else self.tokens
+            grid = self.position_grid  # (batch, seq)
+            positions = grid if tokens is None else grid.reshape(-1).index_select(0, tokens.rows)  # (rows,)
+            self.rotations[dropping] = self.rotary(positions)
+        return self.rotations[dropping]
 
     def drop(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The states entering the first dropping layer -> its input: the kept tokens' rows on the fast path."""

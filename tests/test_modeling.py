@@ -32,7 +32,7 @@ from sinebert.layout_sinebert import (
     tokens_to_keep,
     unpadded_multiples,
 )
-from sinebert.modeling_sinebert import SineBertAttention, cross_segment_matches, sinusoidal_encoding
+from sinebert.modeling_sinebert import Rotation, SineBertAttention, cross_segment_matches, sinusoidal_encoding
 from tests.conftest import auto_heads, tiny_config
 
 ALL_HEADS = [
@@ -136,8 +136,8 @@ def test_rotary_attention_matches_numpy_at_any_positions(implementation):
     mask[1, 6:] = 0
     positions = np.stack([np.arange(9), np.array([0, 3, 4, 10, 11, 500, 2, 2, 7])])  # gaps, repeats, far
     with torch.no_grad():
-        ours, _ = attention(torch.from_numpy(x), padding_mask(torch.from_numpy(mask)),
-                            positions=torch.tensor(positions))
+        rotation = Rotation.of(torch.tensor(positions), attention.head_dim, config.rope_theta, torch.float64)
+        ours, _ = attention(torch.from_numpy(x), padding_mask(torch.from_numpy(mask)), rotation=rotation)
     params = {n: p.detach().numpy() for n, p in attention.named_parameters()}
     expected = numpy_attention(x, mask, params["qkv_proj.weight"], params["qkv_proj.bias"],
                                params["out_proj.weight"], params["out_proj.bias"], 4, positions)
