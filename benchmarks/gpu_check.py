@@ -1,6 +1,6 @@
 """The GPU check in one command: is every fast path right on this device, and how fast is sinebert here.
 
-    python -m benchmarks.gpu_check --output_dir runs/gpu_check    # on one H200: a few minutes (at most 8)
+    python -m benchmarks.gpu_check --output_dir runs/gpu_check    # on one H200: under a minute (42 s on 2026-12-04)
     python -m benchmarks.gpu_check --device cpu --quick           # the same path in seconds, tiny sizes (the suite)
 
 Run from the repository root; it needs only torch, transformers and the repository's `sinebert/` (no datasets, no
@@ -13,7 +13,10 @@ network, no install), so that it runs as is on a lent GPU machine. Writes check.
   beside Hugging Face BERT (sdpa) and ModernBERT (sdpa, and flash_attention_2 where flash_attn imports), each with
   its own training defaults (BERT's dropout 0.1; ModernBERT and sinebert's recipe without dropout);
 - mixed-length inference over SST-2 dev's lengths in batches of 32, bf16 and fp32;
-- one forward pass of 32,768 tokens with a sliding window of 128 and a global [CLS], bf16.
+- one forward pass of 32,768 tokens with a sliding window of 128 and a global [CLS], bf16;
+- the host's share at the cram's size (hidden 256, 4 layers), where a GPU waits on the host: per training step and
+  per 4 inference batches, the wall time, the device's busy time (the profiler's kernel time) and the reads of values
+  back to the host, each a wait for the device; sinebert also with fp32's length buckets held to one (an A/B).
 """
 
 import argparse
@@ -28,11 +31,13 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, ModernBertConfig
 from transformers import ModernBertForMaskedLM, ModernBertForSequenceClassification
 
 import sinebert
 from sinebert import SineBertConfig, SineBertForMaskedLM, SineBertForSequenceClassification, SineBertModel
+from sinebert import layout_sinebert
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_BF16_FLOPS = 989e12  # H100 / H200 dense bf16
@@ -40,10 +45,15 @@ MASKING = 0.15
 # sinebert's pretraining settings (configs/cram/pretrain.yaml), which speed.py reads from the recipe too
 RECIPE = dict(norm_placement="pre", scale_embeddings=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
               sparse_prediction=True)
+# host: the dimensions of the host-overhead part (the cram's model), and its batch of full blocks
 FULL = dict(dims=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-            vocab=30522, lengths=(128, 512), tokens_per_step=32768, steps=10, long_tokens=32768)
+            vocab=30522, lengths=(128, 512), tokens_per_step=32768, steps=10, long_tokens=32768,
+            host=dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+            host_batch=(32, 128))
 QUICK = dict(dims=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256),
-             vocab=1000, lengths=(32,), tokens_per_step=512, steps=2, long_tokens=2048)
+             vocab=1000, lengths=(32,), tokens_per_step=512, steps=2, long_tokens=2048,
+             host=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),
+             host_batch=(4, 32))
 CHECK_DIMS = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
                   vocab_size=1000, max_position_embeddings=512)
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}  # largest error relative to the reference's largest value
@@ -267,6 +277,128 @@ def long_forward(size: dict, device: torch.device) -> dict:
             "kernels": sorted(set(model.attention_kernels(dtype=torch.bfloat16)))}
 
 
+# ----- the host's share -----
+
+
+class DeviceReads(TorchDispatchMode):
+    """Counts the operations that read tensor values back to the host, each a wait for the device on a GPU:
+    `nonzero`, `.item()` / `int()` / `bool()`, boolean-mask indexing, and `.tolist()` (patched while active)."""
+
+    READS = {torch.ops.aten.nonzero.default, torch.ops.aten._local_scalar_dense.default,
+             torch.ops.aten.is_nonzero.default, torch.ops.aten.masked_select.default}
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __enter__(self):
+        self._tolist = torch.Tensor.tolist
+        torch.Tensor.tolist = lambda tensor: self.reads.append("tolist") or self._tolist(tensor)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        indices = args[1] if func is torch.ops.aten.index.Tensor else ()
+        if func in self.READS or any(i is not None and i.dtype == torch.bool for i in indices):
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def host_share(function, device: torch.device, repeats: int) -> dict:
+    """Wall milliseconds of `function` (median of `repeats` synchronised calls after 3), the device's busy
+    milliseconds in one call (the profiler's kernel time; None on a CPU) and the reads of values in one call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        function()
+    seconds = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        function()
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    busy = None
+    if device.type == "cuda":
+        with profile(activities=[ProfilerActivity.CUDA]) as trace:
+            function()
+            synchronize(device)
+        busy = sum(event.self_device_time_total for event in trace.key_averages()) / 1000
+    with DeviceReads() as counter:
+        function()
+    return {"wall_ms": 1000 * statistics.median(seconds), "device_ms": busy, "reads": len(counter.reads)}
+
+
+def host_models(size: dict, task: str) -> dict:
+    """sinebert (the recipe's settings for masked LM, the defaults for classification), BERT (sdpa, no dropout) and
+    ModernBERT (sdpa) at `size["host"]`."""
+    dims, vocab = size["host"], size["vocab"]
+    torch.manual_seed(0)
+    if task == "mlm":
+        recipe = dict(RECIPE, position_embedding_type="rotary", attention_init="mimetic")
+        return {"sinebert": SineBertForMaskedLM(SineBertConfig(**dims, vocab_size=vocab, **recipe)),
+                "bert_sdpa": BertForMaskedLM(BertConfig(**dims, vocab_size=vocab, hidden_dropout_prob=0.0,
+                                                        attention_probs_dropout_prob=0.0, attn_implementation="sdpa")),
+                "modernbert_sdpa": ModernBertForMaskedLM(modernbert_config(dims, vocab, "sdpa"))}
+    return {"sinebert": SineBertForSequenceClassification(SineBertConfig(**dims, vocab_size=vocab, num_labels=2)),
+            "bert_sdpa": BertForSequenceClassification(BertConfig(**dims, vocab_size=vocab, num_labels=2,
+                                                                  attn_implementation="sdpa")),
+            "modernbert_sdpa": ModernBertForSequenceClassification(modernbert_config(dims, vocab, "sdpa",
+                                                                                     num_labels=2))}
+
+
+def host_overhead(size: dict, device: torch.device) -> list[dict]:
+    """The host's share of a training step on full blocks (fused AdamW) and of inference on 4 batches of 32 of SST-2
+    dev's lengths, per model and precision; sinebert's fp32 inference again with its length buckets held to one."""
+    batch, seq = size["host_batch"]
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, size["vocab"], (batch, seq), generator=generator)
+    chosen = torch.rand(batch, seq, generator=generator) < MASKING
+    masked = {"input_ids": torch.where(chosen, 4, ids).to(device), "labels": torch.where(chosen, ids, -100).to(device)}
+    padded = []  # SST-2 dev's first 4 batches of 32 (the third splits into two length buckets)
+    for start in range(0, 128, 32):
+        lengths = torch.tensor(sst2_dev_lengths()[0][start : start + 32])
+        mask = (torch.arange(int(lengths.max())) < lengths[:, None]).long()
+        ids = torch.randint(5, size["vocab"], mask.shape, generator=generator) * mask
+        padded.append({"input_ids": ids.to(device), "attention_mask": mask.to(device)})
+    rows = []
+    for precision in ("fp32", "bf16"):
+        for name, model in host_models(size, "mlm").items():
+            model.to(device).train()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+            def step():
+                with autocast(device, precision):
+                    loss = model(**masked).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+            rows.append({"part": "training step", "model": name, "precision": precision,
+                         **host_share(step, device, size["steps"] * 2)})
+        for name, model in host_models(size, "classification").items():
+            model.to(device).eval()
+
+            def forward():
+                with torch.no_grad(), autocast(device, precision):
+                    for batch in padded:
+                        model(**batch)
+
+            rows.append({"part": "inference, 4 batches", "model": name, "precision": precision,
+                         **host_share(forward, device, size["steps"] * 5)})
+            if name == "sinebert" and precision == "fp32":
+                buckets, layout_sinebert.MAX_BUCKETS = layout_sinebert.MAX_BUCKETS, 1
+                try:
+                    rows.append({"part": "inference, 4 batches", "model": "sinebert, one bucket",
+                                 "precision": precision, **host_share(forward, device, size["steps"] * 5)})
+                finally:
+                    layout_sinebert.MAX_BUCKETS = buckets
+    return rows
+
+
 # ----- the report -----
 
 
@@ -322,6 +454,15 @@ def markdown(report: dict) -> str:
         for name, cell in row["models"].items():
             lines.append(f"| {row['precision']} | {name} | {cell['tokens_per_second']:,.0f} |")
         lines.append(f"| | sinebert / fastest peer | {row['sinebert_over_fastest_peer']:.2f}x |")
+    lines += ["", "## The host's share at the cram's size", "",
+              "| part | model | precision | wall ms | device busy ms | reads of values |", "|---|---|---|---|---|---|"]
+    for row in report.get("host", []):
+        if "error" in row:
+            lines.append(f"| - | - | - | **{row['error']}** | | |")
+            continue
+        busy = "-" if row["device_ms"] is None else f"{row['device_ms']:.2f}"
+        lines.append(f"| {row['part']} | {row['model']} | {row['precision']} | {row['wall_ms']:.2f} | {busy} "
+                     f"| {row['reads']} |")
     long = report["long_forward"]
     lines += ["", f"## One forward pass of {long['tokens']:,} tokens, sliding window 128, bf16", ""]
     if "error" in long:
@@ -352,6 +493,8 @@ def main(argv=None):
     report["inference"] = [measured(inference_speed, size, precision, device, precision=precision)
                            for precision in ("bf16", "fp32")]
     report["long_forward"] = measured(long_forward, size, device, tokens=size["long_tokens"])
+    host = measured(host_overhead, size, device)
+    report["host"] = [host] if isinstance(host, dict) else host
     report["seconds"] = time.perf_counter() - started
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
@@ -359,7 +502,8 @@ def main(argv=None):
     (output / "check.md").write_text(markdown(report))
     print(markdown(report))
     failed = [f"{row['case']} ({row['precision']})" for row in report["correctness"] if not row.get("passed")]
-    errors = [row for row in [*report["training"], *report["inference"], report["long_forward"]] if "error" in row]
+    errors = [row for row in [*report["training"], *report["inference"], report["long_forward"], *report["host"]]
+              if "error" in row]
     if failed or errors:
         parser.exit(1, f"error: {len(failed)} fast paths differ from the eager reference or failed "
                        f"({', '.join(failed)}) and {len(errors)} measurements failed; see {output / 'check.md'}.\n")

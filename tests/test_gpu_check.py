@@ -27,6 +27,12 @@ def test_the_quick_check_on_a_cpu_runs_every_part_and_every_fast_path_passes(tmp
     assert all(cell["tokens_per_second"] > 0 for cell in training["models"].values())
     assert [row["precision"] for row in report["inference"]] == ["bf16", "fp32"]
     assert report["long_forward"]["finite"] and report["long_forward"]["tokens"] == 2048
+    host = {(row["part"], row["model"], row["precision"]): row for row in report["host"]}
+    assert len(host) == 13 and all(row["wall_ms"] > 0 and row["device_ms"] is None for row in host.values())
+    # On the CPU's fp32 path (length buckets, the head's rows): the ids, the lengths and the rows read, no more.
+    assert host["training step", "sinebert", "fp32"]["reads"] <= 2
+    assert host["inference, 4 batches", "sinebert, one bucket", "fp32"]["reads"] == host[
+        "inference, 4 batches", "sinebert", "fp32"]["reads"]
     assert "| sinebert / fastest peer |" in (tmp_path / "check.md").read_text()
 
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.gpu_check import DeviceReads
 from sinebert import SineBertForMaskedLM, SineBertForSequenceClassification, SineBertModel
 from sinebert.attention_sinebert import packed_attention, varlen_available
 from sinebert.layout_sinebert import TokenRows
@@ -145,26 +145,6 @@ def test_packing_knows_each_sequence_boundary_and_the_longest():
     assert rows.layout.slots[:10].tolist() == list(range(20, 30))  # the longest sequence (row 2) first
 
 
-class DeviceReads(TorchDispatchMode):
-    """Counts the operations that read a tensor's values back to the host, each a wait for the device on a GPU:
-    `nonzero`, `.item()` / `int()` / `bool()`, boolean-mask indexing and `.tolist()`."""
-
-    READS = {torch.ops.aten.nonzero.default, torch.ops.aten._local_scalar_dense.default,
-             torch.ops.aten.is_nonzero.default, torch.ops.aten.masked_select.default}
-
-    def __init__(self, monkeypatch):
-        super().__init__()
-        self.reads = []
-        tolist = torch.Tensor.tolist
-        monkeypatch.setattr(torch.Tensor, "tolist", lambda tensor: self.reads.append("tolist") or tolist(tensor))
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        indices = args[1] if func is torch.ops.aten.index.Tensor else ()
-        if func in self.READS or any(i is not None and i.dtype == torch.bool for i in indices):
-            self.reads.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_gpu_path_reads_the_batch_back_once_per_decision(varlen_on_cpu, monkeypatch):
     """On a GPU each read of the batch's values waits for the device: a masked-LM training step on full blocks
     (the cram's, rotary positions) reads three times, the checked ids, the packed rows and the rows read, each read
@@ -174,7 +154,7 @@ def test_the_gpu_path_reads_the_batch_back_once_per_decision(varlen_on_cpu, monk
     labels = torch.full_like(ids, -100)
     labels[:, ::4] = ids[:, ::4]
     monkeypatch.setattr("sinebert.attention_sinebert._varlen_attn", lambda q, *args: q)  # (the kernel's own reads)
-    with DeviceReads(monkeypatch) as counter:
+    with DeviceReads() as counter:
         loss = model(input_ids=ids, labels=labels).loss
     assert model.attention_kernels() == ["full_attention via varlen"] * 2
     assert loss.isfinite() and len(counter.reads) == 3, counter.reads
