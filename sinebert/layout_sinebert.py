@@ -113,12 +113,15 @@ class AttentionBucket(NamedTuple):
     mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
 
 
-def attention_buckets(lengths: list[int], device: torch.device, key_multiple: int = 1) -> tuple[AttentionBucket, ...]:
-    """Splits sequences of `lengths` (longest first; their rows follow one another in that order) into at most
-    MAX_BUCKETS runs of equal count, as many as make the padded attention work, sum(batch * q_seq * k_seq), plus
-    BUCKET_COST per bucket smallest; each bucket's keys are its longest rounded up to a multiple of `key_multiple`.
-    Sequences without tokens join no bucket."""
-    lengths = [n for n in lengths if n]
+def attention_buckets(
+    on_device: torch.Tensor, on_host: list[int], key_multiple: int = 1
+) -> tuple[AttentionBucket, ...]:
+    """Splits sequences of lengths `on_device` `(batch,)` (longest first; their rows follow one another in that
+    order; `on_host` the same as a list) into at most MAX_BUCKETS runs of equal count, as many as make the padded
+    attention work, sum(batch * q_seq * k_seq), plus BUCKET_COST per bucket smallest; each bucket's keys are its
+    longest rounded up to a multiple of `key_multiple`. Sequences without tokens join no bucket. Every tensor is
+    made from `on_device` on its device: a copy of the list there would wait for the device as a read does."""
+    lengths = [n for n in on_host if n]
     if not lengths:
         return ()
 
@@ -134,19 +137,19 @@ def attention_buckets(lengths: list[int], device: torch.device, key_multiple: in
 
     splits = [runs(count) for count in range(1, MAX_BUCKETS + 1)]
     costs = [cost(split) for split in splits]  # (not min(key=...), which torch.compile warns about)
-    buckets, start = [], 0
+    buckets, start, first = [], 0, 0  # (first: the run's first sequence)
     for run in splits[costs.index(min(costs))]:
         # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
         # were added to the embeddings), so where the padding was (left or right) does not matter.
-        counts = torch.tensor(run, device=device)[:, None]  # (batch, 1)
+        counts = on_device[first : first + len(run), None]  # (batch, 1)
         starts = start + counts.cumsum(0) - counts  # (batch, 1) the row of each sequence's first token
-        columns = torch.arange(keys(run), device=device)  # (k_seq,)
+        columns = torch.arange(keys(run), device=on_device.device)  # (k_seq,)
         real = columns < counts  # (batch, k_seq)
         grid = torch.where(real, starts + columns, start)
         mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
         places = torch.nonzero_static(real[:, : run[0]], size=sum(run)).unbind(1)
         buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, places, run[0], mask))
-        start += sum(run)
+        start, first = start + sum(run), first + len(run)
     return tuple(buckets)
 
 
@@ -195,7 +198,7 @@ class TokenRows(NamedTuple):
         fillers = -n_real % row_multiple if n_real >= FILLED_MIN_ROWS else 0
         rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
         if not packed:
-            return cls(layout, attention_buckets(on_host, real.device, key_multiple), rows)
+            return cls(layout, attention_buckets(sorted_lengths, on_host, key_multiple), rows)
         counts = sorted_lengths[: sum(1 for n in on_host if n)]  # sequences without tokens left out
         cu_seq_lens = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
         return cls(layout, (), rows, Packing(cu_seq_lens, on_host[0] if on_host else 0))

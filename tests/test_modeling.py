@@ -395,21 +395,24 @@ def test_last_layer_computes_only_the_rows_the_head_reads_and_matches_the_refere
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def buckets(lengths: list[int], key_multiple: int = 1):
+    return attention_buckets(torch.tensor(lengths, dtype=torch.long), lengths, key_multiple)
+
+
 def test_attention_buckets_split_a_batch_only_where_it_saves_more_than_a_kernel_call():
-    cpu = torch.device("cpu")
-    assert attention_buckets([], cpu) == attention_buckets([0, 0], cpu) == ()
-    (same,) = attention_buckets([50] * 8, cpu)
+    assert buckets([]) == buckets([0, 0]) == ()
+    (same,) = buckets([50] * 8)
     assert (same.rows, same.grid.shape, same.q_seq, same.mask) == (slice(0, 400), (8, 50), 50, None)
-    assert len(attention_buckets([12, 11, 3, 2], cpu)) == 1  # too small to pay for a second call
+    assert len(buckets([12, 11, 3, 2])) == 1  # too small to pay for a second call
     lengths = [100] * 4 + [5] * 4 + [0]
-    long, short = attention_buckets(lengths, cpu)
+    long, short = buckets(lengths)
     assert 4 * 100**2 + 4 * 5**2 + 2 * BUCKET_COST < 8 * 100**2 + BUCKET_COST  # the premise: two calls cost less
     assert (long.rows, long.grid.shape, long.mask) == (slice(0, 400), (4, 100), None)
     assert (short.rows, short.grid.shape, short.q_seq) == (slice(400, 420), (4, 5), 5)
 
 
 def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_real_row_past_its_end():
-    ragged = attention_buckets([100, 100, 100, 90, 5, 4, 4, 2], torch.device("cpu"), key_multiple=8)[1]
+    ragged = buckets([100, 100, 100, 90, 5, 4, 4, 2], key_multiple=8)[1]
     assert ragged.rows == slice(390, 405) and ragged.q_seq == 5
     assert ragged.grid.tolist() == [[390, 391, 392, 393, 394, 390, 390, 390], [395, 396, 397, 398, 390, 390, 390, 390],
                                     [399, 400, 401, 402, 390, 390, 390, 390], [403, 404, 390, 390, 390, 390, 390, 390]]
@@ -417,7 +420,7 @@ def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_
     # The bucket's rows, in order, sit at these (row, column) places of the grid.
     rows, columns = ragged.places
     assert ragged.grid[rows, columns].tolist() == list(range(390, 405))
-    (rounded,) = attention_buckets([50] * 8, torch.device("cpu"), key_multiple=32)
+    (rounded,) = buckets([50] * 8, key_multiple=32)
     assert rounded.grid.shape == (8, 64) and rounded.q_seq == 50 and rounded.mask[:, 0, 0].sum(1).tolist() == [50] * 8
 
 
