@@ -48,3 +48,13 @@ def test_a_wrong_kernel_fails_the_check(monkeypatch):
     assert row["passed"] and row["kernels"] == ["full_attention via matmul"]
     monkeypatch.setitem(SINEBERT_ATTENTION_FUNCTIONS._local_mapping, "matmul", off_by_a_fifth)
     assert not gpu_check.check_case("masked_lm", "bf16", torch.device("cpu"))["passed"]
+
+
+def test_the_check_trains_sinebert_as_the_cram_recipe_does():
+    import yaml
+
+    from benchmarks import gpu_check
+
+    recipe = yaml.safe_load((ROOT / "configs" / "cram" / "pretrain.yaml").read_text())
+    settings = {key: value for key, value in gpu_check.RECIPE.items() if key != "sparse_prediction"}  # (a flag)
+    assert settings == {key: recipe[key] for key in settings}
