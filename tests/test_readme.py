@@ -55,6 +55,10 @@ def test_every_documented_command_names_what_exists_with_flags_it_accepts(page, 
         targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M)
         assert words[1] in targets, command
         return
+    if words[0] == "bash":  # a shell script of the repository, which bash can parse
+        assert (ROOT / words[1]).is_file(), command
+        assert subprocess.run(["bash", "-n", words[1]], cwd=ROOT).returncode == 0, command
+        return
     if "-m" in words:
         module = words[words.index("-m") + 1]
         program, rest = ["-m", module], words[words.index("-m") + 2 :]
