@@ -48,9 +48,10 @@ FILLED_MIN_ROWS = 256
 TOKEN_LOSS_DECAY = 0.9
 
 
-def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+def padding_mask(attention_mask: torch.Tensor | None, padded: bool | None = None) -> torch.Tensor | None:
     """`(batch, seq)` 1/0 padding mask -> boolean `(batch, 1, 1, seq)`, or None when nothing is padded (which
-    lets SDPA take its unmasked fast path; an exported graph always applies the mask)."""
+    lets SDPA take its unmasked fast path; an exported graph always applies the mask). `padded`: whether anything
+    is, where the caller has read it already; else it is read here."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2:
@@ -59,9 +60,11 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
             f"{tuple(attention_mask.shape)}."
         )
     mask = attention_mask.bool()
-    if not is_tracing() and bool(mask.all()):
-        return None
-    return mask[:, None, None, :]
+    if is_tracing():
+        return mask[:, None, None, :]
+    if padded is None:
+        padded = not bool(mask.all())
+    return mask[:, None, None, :] if padded else None
 
 
 def nonzero(mask: torch.Tensor, count: int) -> torch.Tensor:
@@ -182,16 +185,18 @@ class TokenRows(NamedTuple):
 
     @classmethod
     def from_mask(
-        cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1, packed: bool = False
+        cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1, packed: bool = False,
+        lengths: list[int] | None = None,
     ) -> "TokenRows":
         """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
         `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS; `packed`: the sequences'
-        boundaries instead of buckets (no list of lengths on the host, one sync for the longest)."""
+        boundaries instead of buckets; `lengths`: each row's count of True places where the caller has read them
+        (else they are read here: every size below comes from that one read)."""
         real = attention_mask.bool()
-        lengths = real.sum(1)  # (batch,)
-        order = torch.argsort(lengths, descending=True, stable=True)
-        sorted_lengths = lengths[order]  # (batch,) longest first
-        on_host = sorted_lengths.tolist()  # the layout's one read of the device
+        counts = real.sum(1)  # (batch,)
+        order = torch.argsort(counts, descending=True, stable=True)
+        sorted_lengths = counts[order]  # (batch,) longest first
+        on_host = sorted(counts.tolist() if lengths is None else lengths, reverse=True)
         positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
         n_real = sum(on_host)
         layout = PaddedLayout.of(real, n_real, slots=positions.flatten()[nonzero(real[order], n_real)])
@@ -246,10 +251,10 @@ class QueryRows(NamedTuple):
     layout: PaddedLayout
 
     @classmethod
-    def from_mask(cls, output_mask: torch.Tensor, tokens: TokenRows | None) -> "QueryRows":
+    def from_mask(cls, output_mask: torch.Tensor, tokens: TokenRows | None, on_host: list[int]) -> "QueryRows":
+        """`on_host`: each row's count of places read, read by the caller (`_check_token_mask`)."""
         read = output_mask.bool()
         counts = read.sum(1)  # (batch,)
-        on_host = counts.tolist()  # the one read of the device
         n_read = sum(on_host)
         positions = nonzero(read, n_read)  # (n_read,) in the flattened batch, row-major
         queries = torch.arange(max(on_host, default=0), device=read.device) < counts[:, None]  # (batch, most)
@@ -411,31 +416,37 @@ class TokenLayout:
             self.position_grid = grid.expand(shape)
         fast = config._attn_implementation != "eager" and not is_tracing()
         multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
-        self.masks = self._masks(config, attention_mask, shape[1], device)
+        # Each row's count of real tokens: the one read of the attention mask, for the padding mask and the rows.
+        lengths = [shape[1]] * shape[0] if attention_mask is None else None
+        if attention_mask is not None and attention_mask.dim() == 2 and not is_tracing():
+            lengths = attention_mask.bool().sum(1).tolist()
+        padded = None if lengths is None else any(n < shape[1] for n in lengths)
+        self.masks = self._masks(config, attention_mask, shape[1], device, padded)
         self.packed = packed
         self.tokens = None
         if self.packed or fast and self.masks["full_attention"] is not None:
             real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
-            self.tokens = TokenRows.from_mask(real, *multiples, packed=self.packed)
+            self.tokens = TokenRows.from_mask(real, *multiples, packed=self.packed, lengths=lengths)
         self.queries = self.output_mask = None
         if output_mask is not None:
-            _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read (output_mask, "
-                              "or masked-LM labels other than -100) include padding (attention_mask 0); read real "
-                              "tokens only.")
+            counts = _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read "
+                                       "(output_mask, or masked-LM labels other than -100) include padding "
+                                       "(attention_mask 0); read real tokens only.")
             self.output_mask = output_mask.bool()
             if fast and not output_hidden_states:
-                self.queries = QueryRows.from_mask(output_mask, self.tokens)
+                self.queries = QueryRows.from_mask(output_mask, self.tokens, counts)
         self.dropping = ()  # the layers of token dropping
         if kept_tokens is not None:
             self._drop(config, kept_tokens.bool(), attention_mask, shape, multiples)
         self.last_layer = config.num_hidden_layers - 1
 
     @staticmethod
-    def _masks(config, attention_mask: torch.Tensor | None, seq: int, device: torch.device) -> dict:
+    def _masks(config, attention_mask: torch.Tensor | None, seq: int, device: torch.device,
+               padded: bool | None) -> dict:
         """The padding mask `(batch, 1, 1, seq)` (or None) for full attention; for sliding-window layers the
         written-out band `(batch or 1, 1, seq, seq)` under the eager reference, else the padding mask, from which the
-        blocked kernel builds its O(seq * window) masks."""
-        padding = padding_mask(attention_mask)
+        blocked kernel builds its O(seq * window) masks. `padded`: whether any place is padding, if read already."""
+        padding = padding_mask(attention_mask, padded)
         masks = {"full_attention": padding}
         if "sliding_attention" in config.layer_types:
             masks["sliding_attention"] = padding
@@ -456,12 +467,12 @@ class TokenLayout:
                 f"{local}, whose windows count positions that dropping tokens would shift; drop tokens in "
                 "full-attention layers only (or set token_dropping_layers=None)."
             )
-        _check_token_mask("kept_tokens", kept, attention_mask, shape,
-                          "kept_tokens includes padding (attention_mask 0); keep real tokens only.")
+        counts = _check_token_mask("kept_tokens", kept, attention_mask, shape,
+                                   "kept_tokens includes padding (attention_mask 0); keep real tokens only.")
         self.dropping, self.kept = tuple(config.token_dropping_range), kept
         self.kept_rows = self.kept_index = None  # under the reference the kept tokens are a mask
         if multiples is not None:
-            self.kept_rows = TokenRows.from_mask(kept, *multiples, packed=self.packed)
+            self.kept_rows = TokenRows.from_mask(kept, *multiples, packed=self.packed, lengths=counts)
             rows = self.kept_rows.rows
             self.kept_index = rows if self.tokens is None else self.tokens.rows_of(rows)  # (n_kept + fillers,)
 
@@ -532,12 +543,20 @@ class TokenLayout:
         return hidden_states
 
 
-def _check_token_mask(name: str, mask: torch.Tensor, attention_mask: torch.Tensor | None, shape, on_padding: str):
+def _check_token_mask(name: str, mask: torch.Tensor, attention_mask: torch.Tensor | None, shape,
+                      on_padding: str) -> list[int] | None:
     """`mask`, the `(batch, seq)` input `name`, has the input's `shape` and is True at real tokens only (else
-    ValueError(`on_padding`))."""
+    ValueError(`on_padding`)). Returns each row's count of True places, read from the device with the check (None in
+    an exported graph, which cannot branch on values)."""
     if mask.shape != shape:
         raise ValueError(
             f"{name} must have the shape of the input, (batch, seq) = {tuple(shape)}, got {tuple(mask.shape)}."
         )
-    if attention_mask is not None and bool((mask.bool() & ~attention_mask.bool()).any()):
+    if is_tracing():
+        return None
+    mask = mask.bool()
+    real = torch.ones_like(mask) if attention_mask is None else attention_mask.bool()
+    *counts, on_padding_places = torch.cat([mask.sum(1), (mask & ~real).sum()[None]]).tolist()  # one read
+    if on_padding_places:
         raise ValueError(on_padding)
+    return counts

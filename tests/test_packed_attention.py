@@ -146,15 +146,22 @@ def test_packing_knows_each_sequence_boundary_and_the_longest():
 
 
 def test_the_gpu_path_reads_the_batch_back_once_per_decision(varlen_on_cpu, monkeypatch):
-    """On a GPU each read of the batch's values waits for the device: a masked-LM training step on full blocks
-    (the cram's, rotary positions) reads three times, the checked ids, the packed rows and the rows read, each read
-    giving every size that its decision needs (eleven before: one per `nonzero`, `int()` and boolean mask)."""
+    """On a GPU each read of the batch's values waits for the device. A masked-LM training step on full blocks (the
+    cram's, rotary positions) reads twice: the ids' range, and the labels' counts per row with their check. A padded
+    batch of the classifier reads five times: whether every row starts with a token, the rows' lengths, the [CLS]
+    rows' counts with their check, the ids, and the absolute positions' largest. (Before: 11 and 14, one read per
+    `nonzero`, `int()`, `bool()` and boolean mask.)"""
+    monkeypatch.setattr("sinebert.attention_sinebert._varlen_attn", lambda q, *args: q)  # (the kernel's own reads)
     model = SineBertForMaskedLM(tiny_config(position_embedding_type="rotary", sparse_prediction=True)).train()
     ids = torch.randint(5, 99, (3, 16), generator=torch.Generator().manual_seed(0))
     labels = torch.full_like(ids, -100)
     labels[:, ::4] = ids[:, ::4]
-    monkeypatch.setattr("sinebert.attention_sinebert._varlen_attn", lambda q, *args: q)  # (the kernel's own reads)
     with DeviceReads() as counter:
         loss = model(input_ids=ids, labels=labels).loss
     assert model.attention_kernels() == ["full_attention via varlen"] * 2
-    assert loss.isfinite() and len(counter.reads) == 3, counter.reads
+    assert loss.isfinite() and len(counter.reads) == 2, counter.reads
+    classifier = SineBertForSequenceClassification(tiny_config(num_labels=2)).eval()
+    mask = (torch.arange(16) < torch.tensor([16, 9, 12])[:, None]).long()
+    with DeviceReads() as counter, torch.no_grad():
+        logits = classifier(input_ids=ids * mask, attention_mask=mask).logits
+    assert logits.isfinite().all() and len(counter.reads) == 5, counter.reads
