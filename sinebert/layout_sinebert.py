@@ -204,8 +204,8 @@ class TokenRows(NamedTuple):
         rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
         if not packed:
             return cls(layout, attention_buckets(sorted_lengths, on_host, key_multiple), rows)
-        counts = sorted_lengths[: sum(1 for n in on_host if n)]  # sequences without tokens left out
-        cu_seq_lens = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
+        nonempty = sorted_lengths[: sum(1 for n in on_host if n)]  # sequences without tokens left out
+        cu_seq_lens = torch.nn.functional.pad(nonempty.cumsum(0), (1, 0)).to(torch.int32)
         return cls(layout, (), rows, Packing(cu_seq_lens, on_host[0] if on_host else 0))
 
     @property
@@ -555,8 +555,10 @@ def _check_token_mask(name: str, mask: torch.Tensor, attention_mask: torch.Tenso
     if is_tracing():
         return None
     mask = mask.bool()
-    real = torch.ones_like(mask) if attention_mask is None else attention_mask.bool()
-    *counts, on_padding_places = torch.cat([mask.sum(1), (mask & ~real).sum()[None]]).tolist()  # one read
+    if attention_mask is None:  # no padding to check
+        return mask.sum(1).tolist()
+    on_padding_places = (mask & ~attention_mask.bool()).sum()
+    *counts, on_padding_places = torch.cat([mask.sum(1), on_padding_places[None]]).tolist()  # one read
     if on_padding_places:
         raise ValueError(on_padding)
     return counts
