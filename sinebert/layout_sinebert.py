@@ -317,7 +317,9 @@ class LayerRows(NamedTuple):
             # One gather fills the grid: no zeroing, as places past a sequence's end hold a real row (see the bucket).
             grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, heads, head_dim)
             query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, k_seq, head_dim) each
-            attended, _ = attention.attend(query[:, :, : bucket.q_seq], key, value, bucket.mask, output_attentions)
+            attended, _ = attention.attend(  # every sequence of a bucket has a token, which every query sees
+                query[:, :, : bucket.q_seq], key, value, bucket.mask, output_attentions, every_query_has_a_key=True
+            )
             parts.append(attended[bucket.places].flatten(1))  # (batch, q_seq, heads, head_dim) -> (its rows, hidden)
         return torch.cat(parts) if parts else qkv.new_zeros(0, qkv.shape[-1] // 3)
 

@@ -281,16 +281,17 @@ class SineBertAttention(nn.Module):
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
         output_attentions: bool = False,
-        **packing,
+        **kernel_kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """query `(batch, heads, q_seq, head_dim)`, key and value `(batch, heads, seq, head_dim)` -> `(batch, q_seq,
-        heads, head_dim)` through this layer's kernel, and the weights under eager. `packing`: the boundaries of the
-        sequences packed in one row (`layout_sinebert.Packing`), for the "varlen" kernel."""
+        heads, head_dim)` through this layer's kernel, and the weights under eager. `kernel_kwargs`: what the caller
+        knows of the layout, for the kernels that use it: the boundaries of sequences packed in one row
+        (`layout_sinebert.Packing`, for "varlen"), or `every_query_has_a_key` (for "matmul")."""
         batch, q_seq = query.shape[0], query.shape[2]
         if q_seq == 0 or key.shape[2] == 0:  # nothing to compute, and SDPA rejects empty sequences
             return query.new_zeros(batch, q_seq, self.num_heads, self.head_dim), None
         scores = batch * query.shape[1] * q_seq * key.shape[2]  # (a product of sizes, not Size.numel(): exportable)
-        kernel = self.kernel_name(query.device, query.dtype, scores, bool(packing))
+        kernel = self.kernel_name(query.device, query.dtype, scores, "cu_seq_lens_q" in kernel_kwargs)
         if output_attentions and kernel != "eager":
             raise ValueError(
                 f"output_attentions=True needs the eager attention kernel, but this layer runs {kernel!r}; "
@@ -300,7 +301,7 @@ class SineBertAttention(nn.Module):
         return attention_function(
             self, query, key, value, attention_mask, scaling=self.scaling,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
-            sliding_window=self.sliding_window, global_positions=self.global_positions, **packing,
+            sliding_window=self.sliding_window, global_positions=self.global_positions, **kernel_kwargs,
         )
 
     def kernel_name(self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False) -> str:

@@ -32,7 +32,13 @@ from sinebert.layout_sinebert import (
     tokens_to_keep,
     unpadded_multiples,
 )
-from sinebert.modeling_sinebert import Rotation, SineBertAttention, cross_segment_matches, sinusoidal_encoding
+from sinebert.modeling_sinebert import (
+    Rotation,
+    SineBertAttention,
+    cross_segment_matches,
+    eager_attention_forward,
+    sinusoidal_encoding,
+)
 from tests.conftest import auto_heads, tiny_config
 
 ALL_HEADS = [
@@ -251,6 +257,27 @@ def test_matmul_kernel_matches_numpy_with_padding_and_empty_rows():
     )
     assert weights is None
     np.testing.assert_allclose(ours.numpy(), expected.transpose(0, 2, 1, 3), atol=1e-6)
+
+
+@pytest.mark.parametrize("mask_shape", [(3, 1, 5, 6), (3, 2, 5, 6)])
+def test_matmul_kernel_takes_masks_per_query_and_per_head_as_eager_does(mask_shape):
+    """The mask becomes a bias added inside the first product, one row per sequence and head for a mask of keys
+    alone (above) and the whole (q_seq, k_seq) here; a query whose keys are all masked still gets zeros."""
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(3, 2, 5, 4, generator=generator, dtype=torch.float64)
+    key, value = (torch.randn(3, 2, 6, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+    mask = torch.rand(mask_shape, generator=generator) > 0.4
+    mask[0, :, 2] = False  # a query with no key
+    module = torch.nn.Module().eval()
+    expected, _ = eager_attention_forward(module, query, key, value, mask, 0.5)
+    ours, _ = matmul_attention_forward(module, query, key, value, mask, 0.5)
+    torch.testing.assert_close(ours, expected)
+    assert ours[0, 2].abs().max() == 0
+    # The length buckets' promise that every query has a key spares only the zeroing: where it holds, the same.
+    mask[0, :, 2, 0] = True
+    expected, _ = eager_attention_forward(module, query, key, value, mask, 0.5)
+    torch.testing.assert_close(matmul_attention_forward(module, query, key, value, mask, 0.5,
+                                                        every_query_has_a_key=True)[0], expected)
 
 
 def test_sdpa_runs_the_matmul_kernel_only_for_bf16_on_a_cpu_while_the_scores_fit_and_says_so(monkeypatch):
