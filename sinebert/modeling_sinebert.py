@@ -40,6 +40,7 @@ from .attention_sinebert import (
 )
 from .configuration_sinebert import SineBertConfig
 from .layout_sinebert import LayerRows, TokenLayout, TokenLoss, nonzero, tokens_to_keep
+from .loss_sinebert import vocabulary_cross_entropy
 
 
 def sinusoidal_encoding(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -632,14 +633,12 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
         logits = self.decoder(self.head(hidden_states))
         loss = None
         if labels is not None:
-            logits_2d, labels_1d = logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1)
+            labels = labels.reshape(-1)
+            losses = vocabulary_cross_entropy(logits.reshape(-1, logits.shape[-1]), labels)  # (rows,), 0 where -100
+            counted = labels != -100
             if dropping and self.token_loss is not None:
-                losses = F.cross_entropy(logits_2d, labels_1d, reduction="none")  # (rows,), 0 where -100
-                counted = labels_1d != -100
-                self.token_loss.update(labels_1d[counted], losses[counted])
-                loss = losses.sum() / counted.sum()
-            else:
-                loss = F.cross_entropy(logits_2d, labels_1d)
+                self.token_loss.update(labels[counted], losses[counted])
+            loss = losses.sum() / counted.sum()
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
