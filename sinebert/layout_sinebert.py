@@ -220,10 +220,13 @@ class TokenRows(NamedTuple):
         """`(n_real + fillers, ...)` -> `(batch, seq, ...)`, zeros at the padding; the fillers are dropped."""
         return self.layout.pad(values[: self.n_real])
 
-    def with_fillers(self, values: torch.Tensor) -> torch.Tensor:
-        """`(n_real, ...)` -> `(n_real + fillers, ...)`, zeros at the fillers."""
+    def with_fillers(self, *parts: torch.Tensor) -> torch.Tensor:
+        """`(n_real, ...)`, whole or in parts one after another -> `(n_real + fillers, ...)`, zeros at the fillers,
+        in one copy."""
         fillers = len(self.rows) - self.n_real
-        return torch.cat([values, values.new_zeros(fillers, *values.shape[1:])]) if fillers else values
+        if fillers:
+            parts = (*parts, parts[0].new_zeros(fillers, *parts[0].shape[1:]))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def real_tokens(self, *inputs: torch.Tensor | None) -> list[torch.Tensor | None]:
         """Each of the embeddings' inputs (ids `(batch, seq)` or `inputs_embeds` `(batch, seq, hidden)`, or None) at
@@ -285,7 +288,7 @@ class LayerRows(NamedTuple):
         elif full and packed:
             output = self.tokens.with_fillers(self._attend_packed(attention, qkv, output_attentions))
         elif full:  # (n_real + fillers, hidden)
-            output = self.tokens.with_fillers(self._attend_buckets(attention, qkv, output_attentions))
+            output = self.tokens.with_fillers(*self._attend_buckets(attention, qkv, output_attentions))
         else:  # sliding windows need the batch's own positions; padding keys are masked
             output, _ = attention.attend_padded(self.tokens.pad(qkv), mask, output_attentions)
             output = self.tokens.with_fillers(self.tokens.layout.unpad(output))
@@ -308,8 +311,11 @@ class LayerRows(NamedTuple):
         output, _ = attention.attend(query, key, value, None, output_attentions, **self.tokens.packing.kwargs())
         return output[0].flatten(1)  # (1, n_real, heads, head_dim) -> (n_real, hidden)
 
-    def _attend_buckets(self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool) -> torch.Tensor:
-        """qkv: `(n_real + fillers, 3 * hidden)` -> `(n_real, hidden)`, full attention within each bucket."""
+    def _attend_buckets(
+        self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool
+    ) -> list[torch.Tensor]:
+        """qkv: `(n_real + fillers, 3 * hidden)` -> the `(n_real, hidden)` rows in parts, one per bucket, in order:
+        full attention within each bucket."""
         heads, head_dim = attention.num_heads, attention.head_dim
         parts = []
         for bucket in self.tokens.buckets:
@@ -321,7 +327,7 @@ class LayerRows(NamedTuple):
                 query[:, :, : bucket.q_seq], key, value, bucket.mask, output_attentions, every_query_has_a_key=True
             )
             parts.append(attended[bucket.places].flatten(1))  # (batch, q_seq, heads, head_dim) -> (its rows, hidden)
-        return torch.cat(parts) if parts else qkv.new_zeros(0, qkv.shape[-1] // 3)
+        return parts or [qkv.new_zeros(0, qkv.shape[-1] // 3)]
 
     def _attend_queries(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
                         output_attentions: bool, rotation) -> torch.Tensor:
