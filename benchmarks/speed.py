@@ -3,7 +3,7 @@ same batches.
 
     python benchmarks/speed.py              # everything (about 90 minutes on 2 CPU cores)
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
-    python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory or peak)
+    python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory, peak, inference)
     python benchmarks/speed.py --remeasure training --cell small fp32   # redo one training row
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
@@ -563,7 +563,9 @@ def inference_table(rows: list[dict]) -> list[str]:
 def markdown(report: dict) -> str:
     lines = [f"sinebert vs transformers' BERT and ModernBERT, {report['date']}, {report['machine']}; matmul peak "
              f"{report['peak_gflops']['fp32']:.0f} GFLOP/s fp32, {report['peak_gflops']['bf16']:.0f} bf16 (autocast)"
-             + (f", measured {report['peak_date']}." if report.get("peak_date") else "."), "",
+             + (f", measured {report['peak_date']}." if report.get("peak_date") else ".")
+             + "".join(f" {part.capitalize()} rows measured {report[part + '_date']}." for part in ("training", "inference")
+                       if report.get(f"{part}_date")), "",
              "| pretraining step, tokens/s | BERT sdpa | BERT without dropout | BERT eager | ModernBERT sdpa | "
              "ModernBERT eager | sinebert | vs the fastest peer | share of peak | sinebert, token dropping | "
              "vs the fastest peer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -597,7 +599,7 @@ def main():
     parser.add_argument("--curve_steps", type=int, default=200)
     parser.add_argument("--name", default="speed",
                         help="The results' name in benchmarks/results (default: speed; say which machine's otherwise).")
-    parser.add_argument("--remeasure", choices=("memory", "peak", "training"),
+    parser.add_argument("--remeasure", choices=("memory", "peak", "training", "inference"),
                         help="Redo only this part of benchmarks/results/NAME.json and rewrite the results.")
     parser.add_argument("--cell", nargs=2, metavar=("SIZE", "PRECISION"),
                         help="With --remeasure training: only this row (e.g. small fp32), where another job had "
@@ -679,6 +681,8 @@ def remeasure(name: str, part: str, steps: int, cell: tuple[str, str] | None = N
         report["training"] = [training_row(row["size"], row["precision"], steps, report["native_bf16"])
                               if cell in (None, (row["size"], row["precision"])) else row
                               for row in report["training"]]
+    elif part == "inference":
+        report["inference"] = inference_rows(False, report["native_bf16"])
     elif part == "memory":
         cells = [tuple(key.split()) for key in report["memory"]]
         report["memory"] = memory_rows(cells, report["native_bf16"])
