@@ -564,8 +564,8 @@ def markdown(report: dict) -> str:
     lines = [f"sinebert vs transformers' BERT and ModernBERT, {report['date']}, {report['machine']}; matmul peak "
              f"{report['peak_gflops']['fp32']:.0f} GFLOP/s fp32, {report['peak_gflops']['bf16']:.0f} bf16 (autocast)"
              + (f", measured {report['peak_date']}." if report.get("peak_date") else ".")
-             + "".join(f" {part.capitalize()} rows measured {report[part + '_date']}." for part in ("training", "inference")
-                       if report.get(f"{part}_date")), "",
+             + "".join(f" {part.capitalize()} rows measured {report[part + '_date']}."
+                       for part in ("training", "inference") if report.get(f"{part}_date")), "",
              "| pretraining step, tokens/s | BERT sdpa | BERT without dropout | BERT eager | ModernBERT sdpa | "
              "ModernBERT eager | sinebert | vs the fastest peer | share of peak | sinebert, token dropping | "
              "vs the fastest peer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
