@@ -4,15 +4,16 @@
 six full passes of float32 logits: the cast, log-softmax and, backward, the zeroed gradient of the picked entries,
 log-softmax's gradient and the cast back. Here each chunk of rows is cast, reduced and, backward, turned into its
 gradient while it is in cache, and only the logits' own dtype is written out: forward and backward together took 27
-against 88 ms for bf16 logits of 614 x 16,000, and 26 against 51 ms for float32 (AMD EPYC, 2 cores, torch 2.13).
+against 88 ms for bf16 logits of 614 x 16,000, and 26 against 51 ms for float32 (one thread of an AMD EPYC, torch
+2.13). In whole bf16 pretraining steps of the cram's model, 311 against 342 ms (docs/SPEED.md).
 """
 
 import torch
 
 IGNORE_INDEX = -100
 # Float32 entries per chunk. On a CPU, 2**18 (1 MiB) stays in cache between the passes over a chunk: 2**22 took 50%
-# longer, 2**20 10%. On a GPU cache matters less than the launches of a loop, so a chunk is as large as a float32 copy of the
-# logits of a BERT-base step (2**26 entries: 256 MiB).
+# longer, 2**20 10%. On a GPU the launches of a loop cost more than the memory, so one chunk holds the logits of a
+# BERT-base step (2**26 entries: 256 MiB in float32). Not yet measured on a GPU.
 CPU_CHUNK_ENTRIES = 2**18
 GPU_CHUNK_ENTRIES = 2**26
 
