@@ -7,7 +7,8 @@
 The question of issue 32: does sinebert reach, in half the time, the held-out masked-token accuracy that ModernBERT
 reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
 sinebert with a GLU feed-forward of the same FLOPs (`mlp_type="glu"`, width 2/3 of the recipe's, as ModernBERT's) and,
-if asked, sinebert with token dropping get half as many. Every model has the same size as the cram's (hidden 256, 4
+if asked, sinebert with token dropping or with the standard attention initialisation (`sinebert_normal_init`) get half
+as many. Every model has the same size as the cram's (hidden 256, 4
 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same order with the same
 masks, and trains with the cram's optimizer settings (AdamW, peak learning rate 1e-3, betas 0.9/0.98, weight decay
 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs on each model's own training
@@ -54,7 +55,8 @@ EVAL_BLOCKS, EVALUATIONS = 256, 10
 # (name, label, share of --minutes): the peer gets the whole budget, sinebert half.
 CONTENDERS = (("modernbert", "ModernBERT", 1.0), ("sinebert", "sinebert", 0.5),
               ("sinebert_glu", "sinebert, GLU feed-forward", 0.5),
-              ("sinebert_dropping", "sinebert, token dropping", 0.5))
+              ("sinebert_dropping", "sinebert, token dropping", 0.5),
+              ("sinebert_normal_init", "sinebert, normal attention init", 0.5))
 DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 # Three layers: token dropping leaves out the first and the last.
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
@@ -124,12 +126,14 @@ def modernbert_attention(precision: str) -> str:
 
 def build(name: str, vocab: int, dims: dict, precision: str, attention: str = "sdpa", **overrides) -> torch.nn.Module:
     """ModernBERT (`name` "modernbert", under `attention`) or sinebert with the cram's pretraining settings, token
-    dropping for "sinebert_dropping", a GLU feed-forward for "sinebert_glu", and `overrides` of them."""
+    dropping for "sinebert_dropping", a GLU feed-forward for "sinebert_glu", the standard attention initialisation
+    for "sinebert_normal_init" (the recipe's is mimetic), and `overrides` of them."""
     torch.manual_seed(0)
     if name == "modernbert":
         config = speed.modernbert_config(dims, attention, vocab)
         return speed.ModernBertForMaskedLM(config).to(speed.DEVICE)
-    extra = {"sinebert_dropping": speed.TOKEN_DROPPING, "sinebert_glu": glu_settings(dims)}.get(name, {})
+    extra = {"sinebert_dropping": speed.TOKEN_DROPPING, "sinebert_glu": glu_settings(dims),
+             "sinebert_normal_init": {"attention_init": "normal"}}.get(name, {})
     config = SineBertConfig(**dims | speed.pretraining_settings() | extra | overrides, vocab_size=vocab,
                             max_position_embeddings=512)
     return SineBertForMaskedLM(config).to(speed.DEVICE)
@@ -266,7 +270,7 @@ def plot(report: dict, path: Path):
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6.5, 4))
-    for (name, label), style in zip(contenders_in(report), ("d-", "s-", "^-", "o-")):
+    for (name, label), style in zip(contenders_in(report), ("d-", "s-", "^-", "o-", "v-")):
         points = report["curves"][name]["points"]
         axis.plot([p[0] / 60 for p in points], [100 * p[2] for p in points], style, label=label)
     axis.set_xlabel("training minutes (each model's own clock)")
