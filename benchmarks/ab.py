@@ -44,7 +44,7 @@ def speed_module(root: Path):
     return speed
 
 
-def inference_runs(before, after, precision: str) -> tuple[dict, object]:
+def inference_runs(before, after) -> tuple[dict, object]:
     """One timed pass over the SST-2 dev batches for each of before, after and BERT eager."""
     batches = after.inference_batches(after.sst2_dev())
     models = {"before": before.models("small", task="classification")[0].eval(),
@@ -107,7 +107,7 @@ def main():
         label = f"training {size} {precision}{' padded' if args.padded else ''}"
     else:
         precision = args.inference
-        runs, context = inference_runs(before, after, precision)
+        runs, context = inference_runs(before, after)
         label = f"SST-2 dev inference {precision}"
     times = {name: [] for name in runs}
     with context, after.autocast(precision):
