@@ -15,6 +15,7 @@ Prints the median seconds of each and the ratios.
 
 import argparse
 import importlib
+import itertools
 import statistics
 import sys
 from contextlib import nullcontext
@@ -51,8 +52,8 @@ def inference_runs(before, after) -> tuple[dict, object]:
               "after": after.models("small", task="classification")[0].eval(),
               "bert_eager": after.models("small", task="classification", bert_attention="eager")[1].eval()}
     copy_weights(models)
-    return {name: (lambda model=model: after.timed_pass(model, batches)) for name, model in models.items()}, \
-        torch.no_grad()
+    runs = {name: (lambda model=model: after.timed_pass(model, batches)) for name, model in models.items()}
+    return runs, torch.no_grad()
 
 
 def training_runs(before, after, size: str, precision: str, padded: bool) -> tuple[dict, object]:
@@ -68,7 +69,7 @@ def training_runs(before, after, size: str, precision: str, padded: bool) -> tup
             batch["attention_mask"] = torch.ones_like(batch["input_ids"])
             batch["attention_mask"][-1, 70:] = 0
             batch["labels"][-1, 70:] = -100
-    turn = iter(range(10**9))
+    turn = itertools.count()  # every model's step advances it; each round of the three shares a batch
 
     def step(name: str) -> float:
         batch = batches[next(turn) // len(models) % len(batches)]
