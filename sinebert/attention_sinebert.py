@@ -79,6 +79,40 @@ def matmul_attention_forward(
     return output.transpose(1, 2), None  # (batch, q_seq, heads, head_dim)
 
 
+def _turn_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin_first: torch.Tensor,
+               sin_second: torch.Tensor) -> torch.Tensor:
+    """out = x turned, half by half: first half x1 cos + x2 sin_first, second half x2 cos + x1 sin_second (x1, x2 the
+    halves of the last dimension; the tables' halves broadcast to them). Four passes, each writing into `out`."""
+    half = x.shape[-1] // 2
+    x1, x2, out1, out2 = x[..., :half], x[..., half:], out[..., :half], out[..., half:]
+    torch.mul(x1, cos[..., :half], out=out1).addcmul_(x2, sin_first)
+    torch.mul(x2, cos[..., half:], out=out2).addcmul_(x1, sin_second)
+    return out
+
+
+class TurnToHeads(torch.autograd.Function):
+    """Rotary positions turning a strided view of the fused projection, `(batch, heads, seq, head_dim)`, into a new
+    contiguous tensor: the layout the kernels take without a copy. The reference (`Rotation.turn`: a product, a roll
+    and a fused multiply-add, then the queries, keys and values joined again, and copied per head by the kernel)
+    writes five tensors where this writes one. The same arithmetic in the same order, so the forward is bit for bit
+    the reference's. Backward turns the gradient back by the opposite angle: the sine table's halves swap."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # cos (.., head_dim): cos twice; sin (..., head_dim): -sin then sin; both broadcast to x
+        ctx.save_for_backward(cos, sin)
+        half = x.shape[-1] // 2
+        out = torch.empty(x.shape, dtype=torch.result_type(x, cos), device=x.device)
+        return _turn_into(out, x, cos, sin[..., :half], sin[..., half:])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        half = grad.shape[-1] // 2
+        return _turn_into(torch.empty_like(grad, memory_format=torch.contiguous_format), grad, cos, sin[..., half:],
+                          sin[..., :half]), None, None
+
+
 def _global_index(global_positions, seq: int, device: torch.device) -> torch.Tensor:
     """`(n_global,)` long tensor of the global positions that exist in a sequence of length `seq`."""
     return torch.tensor([p for p in global_positions or () if p < seq], dtype=torch.long, device=device)

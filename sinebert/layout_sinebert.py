@@ -281,15 +281,16 @@ class LayerRows(NamedTuple):
         packed = self.tokens is not None and self.tokens.packing is not None
         if self.queries is not None and full and not packed:  # (packed: every row is a query, the rows read kept)
             return self._attend_queries(attention, hidden_states, mask, output_attentions, rotation)
-        # (n_real + fillers, 3 * hidden) or (batch, seq, 3 * hidden)
-        qkv = attention.rotate(attention.qkv_proj(hidden_states), rotation)
+        qkv = attention.qkv_proj(hidden_states)  # (n_real + fillers, 3 * hidden) or (batch, seq, 3 * hidden)
         if self.tokens is None:
-            output, _ = attention.attend_padded(qkv, mask, output_attentions)
-        elif full and packed:
+            output, _ = attention.attend_padded(qkv, mask, output_attentions, rotation)
+        elif full and not packed:  # (n_real + fillers, hidden); the buckets turn their own grids
+            output = self.tokens.with_fillers(*self._attend_buckets(attention, qkv, output_attentions, rotation))
+        elif full:
+            qkv = attention.rotate(qkv, rotation)
             output = self.tokens.with_fillers(self._attend_packed(attention, qkv, output_attentions))
-        elif full:  # (n_real + fillers, hidden)
-            output = self.tokens.with_fillers(*self._attend_buckets(attention, qkv, output_attentions))
         else:  # sliding windows need the batch's own positions; padding keys are masked
+            qkv = attention.rotate(qkv, rotation)
             output, _ = attention.attend_padded(self.tokens.pad(qkv), mask, output_attentions)
             output = self.tokens.with_fillers(self.tokens.layout.unpad(output))
         return self.read(output)  # (n_read, hidden) where only the rows read are kept
@@ -312,10 +313,10 @@ class LayerRows(NamedTuple):
         return output[0].flatten(1)  # (1, n_real, heads, head_dim) -> (n_real, hidden)
 
     def _attend_buckets(
-        self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool
+        self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool, rotation=None
     ) -> list[torch.Tensor]:
-        """qkv: `(n_real + fillers, 3 * hidden)` -> the `(n_real, hidden)` rows in parts, one per bucket, in order:
-        full attention within each bucket."""
+        """qkv: `(n_real + fillers, 3 * hidden)`, not turned yet -> the `(n_real, hidden)` rows in parts, one per
+        bucket, in order: full attention within each bucket. `rotation`: the rows', with rotary positions."""
         heads, head_dim = attention.num_heads, attention.head_dim
         parts = []
         for bucket in self.tokens.buckets:
@@ -323,8 +324,12 @@ class LayerRows(NamedTuple):
             # One gather fills the grid: no zeroing, as places past a sequence's end hold a real row (see the bucket).
             grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, heads, head_dim)
             query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, k_seq, head_dim) each
+            query = query[:, :, : bucket.q_seq]
+            if rotation is not None:  # turned on the grid, into the layout the kernel takes
+                turning = rotation.grid(bucket.grid)  # (batch, k_seq, 1, head_dim)
+                query, key = turning.turn_heads(query), turning.turn_heads(key)
             attended, _ = attention.attend(  # every sequence of a bucket has a token, which every query sees
-                query[:, :, : bucket.q_seq], key, value, bucket.mask, output_attentions, every_query_has_a_key=True
+                query, key, value, bucket.mask, output_attentions, every_query_has_a_key=True
             )
             parts.append(attended[bucket.places].flatten(1))  # (batch, q_seq, heads, head_dim) -> (its rows, hidden)
         return parts or [qkv.new_zeros(0, qkv.shape[-1] // 3)]
@@ -337,17 +342,23 @@ class LayerRows(NamedTuple):
         weight, bias = attention.qkv_proj.weight, attention.qkv_proj.bias  # (3 * hidden, hidden): query, key, value
         query = torch.nn.functional.linear(self.read(hidden_states), weight[:hidden], bias[:hidden])  # (n_read, hidden)
         key_value = torch.nn.functional.linear(hidden_states, weight[hidden:], bias[hidden:])  # every token
-        if rotation is not None:
-            query = attention.rotate(query, rotation.select(self.queries.index), blocks=1)
-            key_value = attention.rotate(key_value, rotation, blocks=1)  # the keys
         query = self.queries.layout.pad(query)  # (batch, queries, hidden)
         if self.tokens is not None:
             key_value = self.tokens.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked
         batch, seq = key_value.shape[:2]
         query = query.view(batch, -1, heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
         key, value = key_value.view(batch, seq, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if rotation is not None:  # turned on the grids, into the layout the kernel takes (zeros at the padding)
+            query = _padded(rotation.select(self.queries.index), self.queries.layout.pad).turn_heads(query)
+            key = (rotation if self.tokens is None else _padded(rotation, self.tokens.pad)).turn_heads(key)
         output, _ = attention.attend(query, key, value, mask, output_attentions)  # (batch, queries, heads, head_dim)
         return self.queries.layout.unpad(output).flatten(1)
+
+
+def _padded(rotation, pad):
+    """A rotation of rows `(n, 1, head_dim)` -> that of the `(batch, seq)` grid `pad` puts them in, zeros at the
+    padding: `(batch, seq, 1, head_dim)`."""
+    return rotation._make(pad(table) for table in rotation)
 
 
 def tokens_to_keep(predicted: torch.Tensor, attention_mask: torch.Tensor | None, keep: float,

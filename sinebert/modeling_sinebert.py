@@ -33,6 +33,7 @@ from transformers.utils.generic import can_return_tuple
 
 from .attention_sinebert import (
     SINEBERT_ATTENTION_FUNCTIONS,
+    TurnToHeads,
     full_attention_kernel,
     is_tracing,
     local_attention_kernel,
@@ -79,12 +80,27 @@ class Rotation(NamedTuple):
         """The rotation of the tokens at `index` `(n,)` of the flattened positions: `(n, 1, head_dim)`."""
         return Rotation(*(table.reshape(-1, *table.shape[-2:]).index_select(0, index) for table in self))
 
+    def grid(self, index: torch.Tensor) -> "Rotation":
+        """The rotation of the tokens at `index` `(batch, seq)` of the rows: `(batch, seq, 1, head_dim)`."""
+        return Rotation(*(table.view(*index.shape, *table.shape[-2:]) for table in self.select(index.flatten())))
+
     def turn(self, x: torch.Tensor) -> torch.Tensor:
         """x `(..., n * head_dim)`: n heads' queries or keys of the tokens, turned."""
-        head_dim = self.cos.shape[-1]
-        heads = x.unflatten(-1, (-1, head_dim))  # (..., n, head_dim)
+        heads = x.unflatten(-1, (-1, self.cos.shape[-1]))  # (..., n, head_dim)
+        return self._turned(heads, self.cos, self.sin).flatten(-2)
+
+    def turn_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """x `(batch, heads, seq, head_dim)`, any strides (the queries or keys of a `(batch, k_seq, 1, head_dim)`
+        rotation's first seq tokens, as split from the fused projection) -> turned, contiguous."""
+        cos, sin = (table[:, : x.shape[2]].transpose(1, 2) for table in self)  # (batch, 1, seq, head_dim)
+        if is_tracing():  # (an exported graph takes the reference's ops)
+            return self._turned(x, cos, sin)
+        return TurnToHeads.apply(x, cos, sin)
+
+    @staticmethod
+    def _turned(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # Each pair (a, b) -> (a cos - b sin, b cos + a sin): the halves swapped, times (-sin, sin), in one fused op.
-        return torch.addcmul(heads * self.cos, heads.roll(head_dim // 2, -1), self.sin).flatten(-2)
+        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
 
 class SineBertEmbeddings(nn.Module):
@@ -251,8 +267,7 @@ class SineBertAttention(nn.Module):
         positions, that of the tokens, `(batch, seq, 1, head_dim)` or `(n_rows, 1, head_dim)`."""
         if rows is not None:
             return self.out_proj(rows.attend(self, hidden_states, attention_mask, output_attentions, rotation)), None
-        qkv = self.rotate(self.qkv_proj(hidden_states), rotation)
-        output, weights = self.attend_padded(qkv, attention_mask, output_attentions)
+        output, weights = self.attend_padded(self.qkv_proj(hidden_states), attention_mask, output_attentions, rotation)
         return self.out_proj(output), weights
 
     def rotate(self, projected: torch.Tensor, rotation: Rotation | None, blocks: int = 2) -> torch.Tensor:
@@ -266,12 +281,16 @@ class SineBertAttention(nn.Module):
         return turned if width == projected.shape[-1] else torch.cat([turned, projected[..., width:]], -1)
 
     def attend_padded(
-        self, qkv: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False
+        self, qkv: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False,
+        rotation: Rotation | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """qkv: `(batch, seq, 3 * hidden)` -> the heads' outputs `(batch, seq, hidden)`, and the weights under eager."""
+        """qkv: `(batch, seq, 3 * hidden)` -> the heads' outputs `(batch, seq, hidden)`, and the weights under eager.
+        rotation: the tokens', `(batch, seq, 1, head_dim)`, with rotary positions when qkv is not turned yet."""
         batch, seq = qkv.shape[:2]
         # (batch, seq, 3 * hidden) -> (3, batch, heads, seq, head_dim)
         query, key, value = qkv.view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if rotation is not None:
+            query, key = rotation.turn_heads(query), rotation.turn_heads(key)
         output, weights = self.attend(query, key, value, attention_mask, output_attentions)
         return output.flatten(2), weights
 
