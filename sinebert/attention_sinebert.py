@@ -99,7 +99,7 @@ class TurnToHeads(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # cos (.., head_dim): cos twice; sin (..., head_dim): -sin then sin; both broadcast to x
+        # cos (..., head_dim): cos twice; sin (..., head_dim): -sin then sin; both broadcast to x
         ctx.save_for_backward(cos, sin)
         half = x.shape[-1] // 2
         out = torch.empty(x.shape, dtype=torch.result_type(x, cos), device=x.device)

@@ -93,7 +93,7 @@ class Rotation(NamedTuple):
         """x `(batch, heads, seq, head_dim)`, any strides (the queries or keys of a `(batch, k_seq, 1, head_dim)`
         rotation's first seq tokens, as split from the fused projection) -> turned, contiguous."""
         cos, sin = (table[:, : x.shape[2]].transpose(1, 2) for table in self)  # (batch, 1, seq, head_dim)
-        if is_tracing():  # (an exported graph takes the reference's ops)
+        if is_tracing() or torch.compiler.is_compiling():  # a graph takes the reference's ops (inductor fuses them)
             return self._turned(x, cos, sin)
         return TurnToHeads.apply(x, cos, sin)
 
