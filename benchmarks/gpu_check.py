@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PEAK_BF16_FLOPS = 989e12  # H100 / H200 dense bf16
 MASKING = 0.15
 # sinebert's pretraining settings (configs/cram/pretrain.yaml, which a test holds this to), with the masked-only head.
-# (The run of 2026-12-04 on an H200 had neither rotary positions nor mimetic attention: sinusoids added, as before.)
+# (The run of 2026-12-04 on an H200 had no rotary positions: sinusoids added, as before.)
 RECIPE = dict(norm_placement="pre", scale_embeddings=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-              attention_init="mimetic", position_embedding_type="rotary", sparse_prediction=True)
+              attention_init="normal", position_embedding_type="rotary", sparse_prediction=True)
 # host: the dimensions of the host-overhead part (the cram's model), and its batch of full blocks
 FULL = dict(dims=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
             vocab=30522, lengths=(128, 512), tokens_per_step=32768, steps=10, long_tokens=32768,

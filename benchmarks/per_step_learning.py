@@ -8,7 +8,7 @@
 By default sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and
 with the sinusoids added to the embeddings instead, and transformers' ModernBERT as benchmarks/speed.py builds it;
 `--contenders` adds sinebert with a GLU feed-forward of the same FLOPs (time_to_accuracy.py's), sinebert with the
-standard attention initialisation instead of the recipe's mimetic one (`normal_init`), and sinebert with
+standard or the mimetic attention initialisation whatever the recipe's (`normal_init`, `mimetic_init`), sinebert with
 token dropping as speed.py runs it, keeping a random share of the unmasked tokens or those of the highest running loss
 (`token_dropping_policy`). Each at 4 layers of `--hidden` width (4 heads, feed-forward 4 x hidden), from scratch on
 the cram's pretraining text: the same batches and masks in the same order (benchmarks/time_to_accuracy.py's), the
@@ -40,6 +40,8 @@ CONTENDERS = {
     "glu": ("sinebert, GLU feed-forward", "sinebert_glu", {}),
     "normal_init": ("sinebert, rotary positions, normal attention init", "sinebert",
                     {"position_embedding_type": "rotary", "attention_init": "normal"}),
+    "mimetic_init": ("sinebert, rotary positions, mimetic attention init", "sinebert",
+                     {"position_embedding_type": "rotary", "attention_init": "mimetic"}),
     "modernbert": ("ModernBERT", "modernbert", {}),
     "dropping": ("sinebert, token dropping (random)", "sinebert_dropping", {"token_dropping_policy": "random"}),
     "dropping_loss": ("sinebert, token dropping (by loss)", "sinebert_dropping", {"token_dropping_policy": "loss"}),

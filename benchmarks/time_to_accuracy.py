@@ -16,8 +16,7 @@ clock, so each model's learning rate reaches 0 exactly when its budget is spent,
 turns: the one that has used the smallest share of its budget steps next, so a slow minute of a shared host falls on
 all of them alike. Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on the clock.
 
-sinebert starts from scratch here (mimetic attention, no CBOW word embeddings: `make cram` spends 2 more minutes on
-those). ModernBERT is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's
+sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's
 feed-forward), under the attention implementation that speed.py measured fastest here for the precision.
 
 Writes benchmarks/results/time_to_accuracy.{json,md,png}.
@@ -127,7 +126,7 @@ def modernbert_attention(precision: str) -> str:
 def build(name: str, vocab: int, dims: dict, precision: str, attention: str = "sdpa", **overrides) -> torch.nn.Module:
     """ModernBERT (`name` "modernbert", under `attention`) or sinebert with the cram's pretraining settings, token
     dropping for "sinebert_dropping", a GLU feed-forward for "sinebert_glu", the standard attention initialisation
-    for "sinebert_normal_init" (the recipe's is mimetic), and `overrides` of them."""
+    for "sinebert_normal_init" (the recipe's since 2026-12-04; mimetic before), and `overrides` of them."""
     torch.manual_seed(0)
     if name == "modernbert":
         config = speed.modernbert_config(dims, attention, vocab)

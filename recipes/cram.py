@@ -4,7 +4,7 @@
     python -m recipes.cram --quick    # every stage on slices, a few dozen steps each (1-2 minutes): a smoke test
 
 data -> 16k WordPiece tokenizer -> pretraining (3,098 steps of CBOW word embeddings, then 25.2 M tokens of MLM from
-them, with mimetic attention initialisation: the reference host's 20 minutes) -> fine-tuning on SST-2 (1.5 epochs),
+them, with the standard attention initialisation: the reference host's 20 minutes) -> fine-tuning on SST-2 (1.5 epochs),
 CoNLL-2003 (5,607 steps) and squad_train (3 epochs), each from the pretrained checkpoint and from random
 initialisation (on a CPU the two runs of a task side by side, one process each) -> CoNLL-2003 test scoring ->
 results table (JSON and markdown) with every stage's budget, tokens and wall time. Every budget is work, not time,

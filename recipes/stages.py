@@ -372,8 +372,8 @@ def finetune_launch(launch: Launch) -> Launch:
 
 def start_args(start: str, checkpoint: Path) -> list[str]:
     """Where a fine-tuning run starts: "pretrained" from `checkpoint`; "scratch" from random weights with the
-    checkpoint's architecture and tokenizer and the standard initialisation (from random weights it fine-tunes better
-    than the mimetic one pretraining starts from: docs/QUALITY.md)."""
+    checkpoint's architecture and tokenizer and the standard initialisation, whatever the pretraining's (from random
+    weights it fine-tunes better than the mimetic one the demo pretrains from: docs/QUALITY.md)."""
     if start == "pretrained":
         return ["--model_name_or_path", str(checkpoint)]
     return ["--config_name", str(checkpoint), "--tokenizer_name", str(checkpoint), "--attention_init", "normal"]
