@@ -108,8 +108,8 @@ def matmul_peak(precision: str, repeats: int = 10) -> float:
 
 
 def pretraining_settings() -> dict:
-    """sinebert's pretraining settings from the cram recipe (pre-LN, scaled embeddings, no dropout, mimetic
-    attention); the masked-LM head predicts only the masked tokens, as `scripts/pretrain.py` sets it."""
+    """sinebert's pretraining settings from the cram recipe (pre-LN, scaled embeddings, no dropout, rotary
+    positions); the masked-LM head predicts only the masked tokens, as `scripts/pretrain.py` sets it."""
     import yaml
 
     recipe = yaml.safe_load(RECIPE.read_text())
@@ -128,8 +128,9 @@ def sinebert_config(size: str, token_dropping: bool = False) -> SineBertConfig:
 def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert_attention: str = "sdpa",
            token_dropping: bool = False):
     """(sinebert, BERT) of identical dimensions. For MLM sinebert takes its pretraining settings (and token
-    dropping if asked) and BERT its own defaults (dropout 0.1), or `bert_dropout`; for classification both take their
-    defaults (inference only). BERT's attention runs `bert_attention`."""
+    dropping if asked) and BERT its own defaults (dropout 0.1), or `bert_dropout`; for classification (inference
+    only) sinebert keeps the architecture it was pretrained with, as a checkpoint fine-tuned from it does (pre-LN,
+    rotary positions), and BERT takes its defaults. BERT's attention runs `bert_attention`."""
     dims = dims_of(size)
     torch.manual_seed(0)
     if task == "mlm":
@@ -138,7 +139,8 @@ def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert
                                                    "attention_probs_dropout_prob": bert_dropout}
         theirs = BertForMaskedLM(BertConfig(**dims, **dropout, attn_implementation=bert_attention))
     else:
-        ours = SineBertForSequenceClassification(SineBertConfig(**dims, num_labels=2))
+        pretrained = {key: value for key, value in pretraining_settings().items() if key != "sparse_prediction"}
+        ours = SineBertForSequenceClassification(SineBertConfig(**dims, **pretrained, num_labels=2))
         theirs = BertForSequenceClassification(BertConfig(**dims, num_labels=2, attn_implementation=bert_attention))
     return ours.to(DEVICE), theirs.to(DEVICE)
 
