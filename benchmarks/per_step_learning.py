@@ -3,6 +3,7 @@
     python benchmarks/per_step_learning.py                 # 800 steps, hidden 256 and 128: about 25 minutes
     python benchmarks/per_step_learning.py --steps 200 --hidden 256
     python benchmarks/per_step_learning.py --hidden 256 --contenders dropping dropping_loss   # token dropping's policies
+    python benchmarks/per_step_learning.py --hidden 256 --contenders rotary --learning_rate 2e-3   # another peak
     python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # a minute
 
 By default sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and
@@ -54,8 +55,9 @@ def dims_at(hidden: int) -> dict:
     return dict(hidden_size=hidden, num_hidden_layers=4, num_attention_heads=4, intermediate_size=4 * hidden)
 
 
-def train(model: torch.nn.Module, batches: tta.Batches, steps: int, precision: str) -> dict:
-    """`steps` steps of the cram's schedule; accuracy (%) at each quarter and the median seconds of a step."""
+def train(model: torch.nn.Module, batches: tta.Batches, steps: int, precision: str, peak: float = tta.PEAK_LR) -> dict:
+    """`steps` steps of the cram's schedule to the learning rate `peak`; accuracy (%) at each quarter and the median
+    seconds of a step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, betas=tta.BETAS, weight_decay=tta.WEIGHT_DECAY,
                                   fused=True)
     accuracy, seconds = [], []
@@ -65,7 +67,7 @@ def train(model: torch.nn.Module, batches: tta.Batches, steps: int, precision: s
         if step == steps:
             break
         for group in optimizer.param_groups:
-            group["lr"] = tta.learning_rate(step / steps)
+            group["lr"] = tta.learning_rate(step / steps, peak)
         model.train()
         batch = batches(step)
         seconds.append(speed.seconds_of(lambda: speed.train_step(model, optimizer, batch, precision,
@@ -93,6 +95,8 @@ def main(argv=None):
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=DEFAULT_CONTENDERS,
                         help="Which models to train, one after another (default: %(default)s).")
     parser.add_argument("--tiny", action="store_true", help="Hidden 32 and a 500-token vocabulary: checks it runs.")
+    parser.add_argument("--learning_rate", type=float, default=tta.PEAK_LR,
+                        help="The schedule's peak (default: the cram's, %(default)g).")
     tta.add_text_arguments(parser)
     args = parser.parse_args(argv)
     precision = tta.precision_here()
@@ -102,7 +106,8 @@ def main(argv=None):
     for hidden in [32] if args.tiny else args.hidden:
         for label, name, overrides in (CONTENDERS[key] for key in args.contenders):
             model = tta.build(name, batches.vocab, dims_at(hidden), precision, **overrides)
-            runs.append({"hidden": hidden, "model": label, **train(model, batches, args.steps, precision)})
+            runs.append({"hidden": hidden, "model": label,
+                         **train(model, batches, args.steps, precision, args.learning_rate)})
             print(json.dumps(runs[-1]), flush=True)
     report = {"text": text, "steps": args.steps, "precision": precision, **batches.report(), "runs": runs,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),

@@ -61,11 +61,11 @@ DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
 
 
-def learning_rate(share: float) -> float:
-    """The cram's schedule at `share` of a budget spent: linear warmup over WARMUP, then linear decay to 0."""
+def learning_rate(share: float, peak: float = PEAK_LR) -> float:
+    """The cram's schedule at `share` of a budget spent: linear warmup over WARMUP to `peak`, then linear decay to 0."""
     if share < WARMUP:
-        return PEAK_LR * share / WARMUP
-    return PEAK_LR * max(0.0, 1 - share) / (1 - WARMUP)
+        return peak * share / WARMUP
+    return peak * max(0.0, 1 - share) / (1 - WARMUP)
 
 
 @dataclass

@@ -109,3 +109,16 @@ def test_per_step_learning_trains_every_contender_the_same_steps_and_reports_eac
         assert run["seconds_per_step"] > 0
     table = (tmp_path / "per_step_learning.md").read_text()
     assert "| 32 | sinebert, rotary positions |" in table and "step 8" in table
+
+
+def test_per_step_learning_takes_the_schedule_peak_it_is_given(tmp_path):
+    """--learning_rate 0: the schedule never moves a weight, so held-out accuracy stays where it started."""
+    path = ROOT / "benchmarks" / "per_step_learning.py"
+    spec = importlib.util.spec_from_file_location("benchmark_per_step_learning", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    text = ROOT / "tests" / "fixtures" / "sotu.txt"
+    benchmark.main(["--tiny", "--steps", "8", "--train_file", str(text), "--output_dir", str(tmp_path),
+                    "--contenders", "rotary", "--learning_rate", "0"])
+    (run,) = json.loads((tmp_path / "per_step_learning.json").read_text())["runs"]
+    assert len({accuracy for _, accuracy in run["accuracy"]}) == 1
