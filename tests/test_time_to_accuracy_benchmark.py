@@ -93,12 +93,17 @@ def test_time_to_accuracy_refuses_a_race_without_modernbert(capsys):
     assert exit_info.value.code == 2 and "must include modernbert" in capsys.readouterr().err
 
 
-def test_per_step_learning_trains_every_contender_the_same_steps_and_reports_each_quarter(tmp_path):
-    path = ROOT / "benchmarks" / "per_step_learning.py"
-    spec = importlib.util.spec_from_file_location("benchmark_per_step_learning", path)
+def per_step_learning():
+    """benchmarks/per_step_learning.py as a module."""
+    spec = importlib.util.spec_from_file_location("benchmark_per_step_learning",
+                                                  ROOT / "benchmarks" / "per_step_learning.py")
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
-    text = ROOT / "tests" / "fixtures" / "sotu.txt"
+    return benchmark
+
+
+def test_per_step_learning_trains_every_contender_the_same_steps_and_reports_each_quarter(tmp_path):
+    benchmark, text = per_step_learning(), ROOT / "tests" / "fixtures" / "sotu.txt"
     benchmark.main(["--tiny", "--steps", "8", "--train_file", str(text), "--output_dir", str(tmp_path),
                     "--contenders", *benchmark.CONTENDERS])
     report = json.loads((tmp_path / "per_step_learning.json").read_text())
@@ -113,11 +118,7 @@ def test_per_step_learning_trains_every_contender_the_same_steps_and_reports_eac
 
 def test_per_step_learning_takes_the_schedule_peak_it_is_given(tmp_path):
     """--learning_rate 0: the schedule never moves a weight, so held-out accuracy stays where it started."""
-    path = ROOT / "benchmarks" / "per_step_learning.py"
-    spec = importlib.util.spec_from_file_location("benchmark_per_step_learning", path)
-    benchmark = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(benchmark)
-    text = ROOT / "tests" / "fixtures" / "sotu.txt"
+    benchmark, text = per_step_learning(), ROOT / "tests" / "fixtures" / "sotu.txt"
     benchmark.main(["--tiny", "--steps", "8", "--train_file", str(text), "--output_dir", str(tmp_path),
                     "--contenders", "rotary", "--learning_rate", "0"])
     (run,) = json.loads((tmp_path / "per_step_learning.json").read_text())["runs"]
