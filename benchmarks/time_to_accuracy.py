@@ -16,8 +16,9 @@ clock, so each model's learning rate reaches 0 exactly when its budget is spent,
 turns: the one that has used the smallest share of its budget steps next, so a slow minute of a shared host falls on
 all of them alike. Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on the clock.
 
-sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's
-feed-forward), under the attention implementation that speed.py measured fastest here for the precision.
+sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT
+is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's feed-forward),
+under the attention implementation that speed.py measured fastest here for the precision.
 
 Writes benchmarks/results/time_to_accuracy.{json,md,png}.
 """

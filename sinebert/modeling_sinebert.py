@@ -270,15 +270,15 @@ class SineBertAttention(nn.Module):
         output, weights = self.attend_padded(self.qkv_proj(hidden_states), attention_mask, output_attentions, rotation)
         return self.out_proj(output), weights
 
-    def rotate(self, projected: torch.Tensor, rotation: Rotation | None, blocks: int = 2) -> torch.Tensor:
-        """projected: `(..., k * hidden)` projections of tokens, queries then keys then values, or a part of them.
-        With rotary positions (a `rotation` of the tokens) the first `blocks` hidden-wide parts (queries and keys, or
-        one of them) come back turned; otherwise `projected` as it is."""
+    def rotate(self, qkv: torch.Tensor, rotation: Rotation | None) -> torch.Tensor:
+        """qkv: `(..., 3 * hidden)` projections of tokens, queries then keys then values. With rotary positions (a
+        `rotation` of the tokens) the queries and keys come back turned, token-major (for the kernels of packed rows
+        and sliding windows; the others turn on their per-head grid, `Rotation.turn_heads`); otherwise `qkv` as it
+        is."""
         if rotation is None:
-            return projected
-        width = blocks * self.num_heads * self.head_dim
-        turned = rotation.turn(projected[..., :width])
-        return turned if width == projected.shape[-1] else torch.cat([turned, projected[..., width:]], -1)
+            return qkv
+        width = 2 * self.num_heads * self.head_dim
+        return torch.cat([rotation.turn(qkv[..., :width]), qkv[..., width:]], -1)
 
     def attend_padded(
         self, qkv: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False,
