@@ -3,6 +3,7 @@
     python benchmarks/time_to_accuracy.py               # ModernBERT 20 minutes, each sinebert 10: about 40 minutes
     python benchmarks/time_to_accuracy.py --minutes 4   # shorter
     python benchmarks/time_to_accuracy.py --contenders modernbert sinebert sinebert_dropping   # token dropping
+    python benchmarks/time_to_accuracy.py --contenders modernbert sinebert --learning_rate 2e-3   # another peak
 
 The question of issue 32: does sinebert reach, in half the time, the held-out masked-token accuracy that ModernBERT
 reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
@@ -10,8 +11,8 @@ sinebert with a GLU feed-forward of the same FLOPs (`mlp_type="glu"`, width 2/3 
 if asked, sinebert with token dropping or with the standard attention initialisation (`sinebert_normal_init`) get half
 as many. Every model has the same size as the cram's (hidden 256, 4
 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same order with the same
-masks, and trains with the cram's optimizer settings (AdamW, peak learning rate 1e-3, betas 0.9/0.98, weight decay
-0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs on each model's own training
+masks, and trains with the cram's optimizer settings (AdamW, peak learning rate 1e-3 or `--learning_rate` for every
+model, betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs on each model's own training
 clock, so each model's learning rate reaches 0 exactly when its budget is spent, on whatever machine. The models take
 turns: the one that has used the smallest share of its budget steps next, so a slow minute of a shared host falls on
 all of them alike. Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on the clock.
@@ -74,6 +75,7 @@ class Contender:
     name: str
     model: torch.nn.Module
     budget: float  # training seconds
+    peak: float = PEAK_LR  # the schedule's peak learning rate
     optimizer: torch.optim.Optimizer = field(init=False)
     seconds: float = 0.0
     steps: int = 0
@@ -98,7 +100,7 @@ def train_step(contender: Contender, batch: dict, precision: str):
     """One clocked optimizer step at the learning rate of the share of the budget spent so far."""
     model, optimizer = contender.model, contender.optimizer
     for group in optimizer.param_groups:
-        group["lr"] = learning_rate(contender.share)
+        group["lr"] = learning_rate(contender.share, contender.peak)
     model.train()
     contender.seconds += speed.seconds_of(lambda: speed.train_step(model, optimizer, batch, precision, MAX_GRAD_NORM))
     contender.steps += 1
@@ -184,9 +186,9 @@ class Batches:
 
 
 def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int,
-        names: tuple = DEFAULT_CONTENDERS, attention: str = "sdpa") -> dict:
+        names: tuple = DEFAULT_CONTENDERS, attention: str = "sdpa", peak: float = PEAK_LR) -> dict:
     batches = Batches.of(train_lines, held_lines, vocab)
-    contenders = [Contender(name, build(name, batches.vocab, dims, precision, attention), 60 * minutes * share)
+    contenders = [Contender(name, build(name, batches.vocab, dims, precision, attention), 60 * minutes * share, peak)
                   for name, _, share in CONTENDERS if name in names]
     marks = {c.name: 0 for c in contenders}  # evaluations done
     while (contender := next_contender(contenders)) is not None:
@@ -202,7 +204,7 @@ def run(train_lines: list[str], held_lines: list[str], minutes: float, precision
                                 speed.masked_accuracy(contender.model, batches.held, precision)))
     return {
         "minutes": minutes, "precision": precision, "dims": dims, **batches.report(),
-        "modernbert_attention": attention,
+        "modernbert_attention": attention, "peak_learning_rate": peak,
         "curves": {c.name: {"budget_seconds": c.budget, "steps": c.steps, "points": c.curve} for c in contenders},
     }
 
@@ -232,7 +234,8 @@ def markdown(report: dict) -> str:
         f"Time to accuracy on {report['text']}, {report['date']}, {report['machine']}, {report['precision']};"
         f" hidden {report['dims']['hidden_size']}, {report['dims']['num_hidden_layers']} layers, vocabulary "
         f"{report['vocab']:,}, batches of {report['batch']} x {report['seq']}; held-out accuracy on "
-        f"{report['held_out_masked_tokens']:,} masked tokens. Command: `{report['command']}`.",
+        f"{report['held_out_masked_tokens']:,} masked tokens; peak learning rate "
+        f"{report.get('peak_learning_rate', PEAK_LR):g}. Command: `{report['command']}`.",
         "",
         "| model | budget (min) | steps | tokens (M) | held-out accuracy at the end, % "
         "| seconds to reach ModernBERT's |",
@@ -323,6 +326,8 @@ def main(argv=None):
     parser.add_argument("--modernbert_attention", choices=("sdpa", "eager"),
                         help="ModernBERT's attention (default: the faster in speed.py's rows, eager for bf16 on a CPU, "
                              "else sdpa).")
+    parser.add_argument("--learning_rate", type=float, default=PEAK_LR,
+                        help="Every model's peak learning rate (default: the cram's, %(default)g).")
     add_text_arguments(parser)
     args = parser.parse_args(argv)
     if "modernbert" not in args.contenders:
@@ -331,7 +336,8 @@ def main(argv=None):
     train_lines, held_lines, text = text_of(args)
     dims = TINY if args.tiny else speed.SIZES["small"]
     report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB,
-                 tuple(args.contenders), args.modernbert_attention or modernbert_attention(precision))
+                 tuple(args.contenders), args.modernbert_attention or modernbert_attention(precision),
+                 args.learning_rate)
     report |= {"text": text, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),
                "torch": torch.__version__, "platform": platform.platform(),
                "command": "python benchmarks/time_to_accuracy.py " + " ".join(argv or sys.argv[1:])}

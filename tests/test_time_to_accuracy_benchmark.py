@@ -41,6 +41,18 @@ def test_the_contender_furthest_behind_its_budget_steps_next():
     assert tta.next_contender([ahead, behind]) is None
 
 
+def test_each_contender_steps_at_the_schedule_of_its_own_peak():
+    tta = load_benchmark()
+    import torch
+
+    model = tta.build("sinebert", 500, tta.TINY, "fp32")
+    contender = tta.Contender("sinebert", model, budget=100.0, peak=3e-3)
+    contender.seconds = 100.0 * tta.WARMUP  # the top of the warmup
+    ids = torch.randint(5, 500, (2, 16), device=tta.speed.DEVICE)
+    tta.train_step(contender, {"input_ids": ids, "labels": ids}, "fp32")
+    assert contender.optimizer.param_groups[0]["lr"] == pytest.approx(3e-3)
+
+
 def test_seconds_to_reach_interpolates_and_says_when_never():
     tta = load_benchmark()
     curve = [(0.0, 0, 0.0), (10.0, 5, 0.1), (20.0, 10, 0.3)]
