@@ -323,11 +323,12 @@ class LayerRows(NamedTuple):
             batch, k_seq = bucket.grid.shape
             # One gather fills the grid: no zeroing, as places past a sequence's end hold a real row (see the bucket).
             grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, heads, head_dim)
-            query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, k_seq, head_dim) each
-            query = query[:, :, : bucket.q_seq]
-            if rotation is not None:  # turned on the grid, into the layout the kernel takes
-                turning = rotation.grid(bucket.grid)  # (batch, k_seq, 1, head_dim)
-                query, key = turning.turn_heads(query), turning.turn_heads(key)
+            grid = grid.permute(2, 0, 3, 1, 4)  # (3, batch, heads, k_seq, head_dim)
+            if rotation is None:
+                query, key, value = grid.unbind(0)
+                query = query[:, :, : bucket.q_seq]
+            else:  # turned on the grid, into the layout the kernel takes
+                query, key, value = rotation.grid(bucket.grid).turn_projection(grid, bucket.q_seq)
             attended, _ = attention.attend(  # every sequence of a bucket has a token, which every query sees
                 query, key, value, bucket.mask, output_attentions, every_query_has_a_key=True
             )
@@ -349,8 +350,8 @@ class LayerRows(NamedTuple):
         query = query.view(batch, -1, heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
         key, value = key_value.view(batch, seq, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if rotation is not None:  # turned on the grids, into the layout the kernel takes (zeros at the padding)
-            query = _padded(rotation.select(self.queries.index), self.queries.layout.pad).turn_heads(query)
-            key = (rotation if self.tokens is None else _padded(rotation, self.tokens.pad)).turn_heads(key)
+            query = _padded(rotation.select(self.queries.index), self.queries.layout.pad).turn_heads(query[None])[0]
+            key = (rotation if self.tokens is None else _padded(rotation, self.tokens.pad)).turn_heads(key[None])[0]
         output, _ = attention.attend(query, key, value, mask, output_attentions)  # (batch, queries, heads, head_dim)
         return self.queries.layout.unpad(output).flatten(1)
 

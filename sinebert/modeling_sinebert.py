@@ -89,13 +89,26 @@ class Rotation(NamedTuple):
         heads = x.unflatten(-1, (-1, self.cos.shape[-1]))  # (..., n, head_dim)
         return self._turned(heads, self.cos, self.sin).flatten(-2)
 
-    def turn_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """x `(batch, heads, seq, head_dim)`, any strides (the queries or keys of a `(batch, k_seq, 1, head_dim)`
-        rotation's first seq tokens, as split from the fused projection) -> turned, contiguous."""
-        cos, sin = (table[:, : x.shape[2]].transpose(1, 2) for table in self)  # (batch, 1, seq, head_dim)
+    def turn_heads(self, x: torch.Tensor, turned: int | None = None) -> torch.Tensor:
+        """x `(parts, batch, heads, seq, head_dim)`, any strides: per-head views split from the fused projection of
+        a `(batch, k_seq, 1, head_dim)` rotation's first seq tokens -> a new contiguous tensor, its first `turned`
+        parts (all where None) turned and the rest copied."""
+        turned = len(x) if turned is None else turned
+        cos, sin = (table[:, : x.shape[-2]].transpose(1, 2) for table in self)  # (batch, 1, seq, head_dim)
         if is_tracing() or torch.compiler.is_compiling():  # a graph takes the reference's ops (inductor fuses them)
-            return self._turned(x, cos, sin)
-        return TurnToHeads.apply(x, cos, sin)
+            return torch.cat([self._turned(x[:turned], cos, sin), x[turned:]])
+        return TurnToHeads.apply(x, cos, sin, turned)
+
+    def turn_projection(self, grid: torch.Tensor, queries: int | None = None) -> tuple[torch.Tensor, ...]:
+        """grid `(3, batch, heads, seq, head_dim)`: the per-head views of the fused projection -> the first `queries`
+        queries (all where None) and the keys turned, contiguous, and the values. While training, the values are
+        copied with the queries and keys into one tensor, so that the gradient comes back as one tensor in the
+        projection's own layout (bf16 steps 1.8% faster than turning each alone in benchmarks/ab.py); serving turns
+        only the queries it keeps and leaves the values the view they are, which the kernels read as they are."""
+        if torch.is_grad_enabled() and grid.requires_grad:
+            query, key, value = self.turn_heads(grid, turned=2).unbind(0)
+            return query[:, :, :queries], key, value
+        return self.turn_heads(grid[:1, :, :, :queries])[0], self.turn_heads(grid[1:2])[0], grid[2]
 
     @staticmethod
     def _turned(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -288,9 +301,8 @@ class SineBertAttention(nn.Module):
         rotation: the tokens', `(batch, seq, 1, head_dim)`, with rotary positions when qkv is not turned yet."""
         batch, seq = qkv.shape[:2]
         # (batch, seq, 3 * hidden) -> (3, batch, heads, seq, head_dim)
-        query, key, value = qkv.view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        if rotation is not None:
-            query, key = rotation.turn_heads(query), rotation.turn_heads(key)
+        grid = qkv.view(batch, seq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        query, key, value = grid.unbind(0) if rotation is None else rotation.turn_projection(grid)
         output, weights = self.attend(query, key, value, attention_mask, output_attentions)
         return output.flatten(2), weights
 

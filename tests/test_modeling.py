@@ -183,26 +183,35 @@ def test_rotary_model_adds_no_position_to_the_embeddings_and_round_trips(tmp_pat
 
 def test_turning_heads_in_place_of_the_projection_equals_turning_the_tokens_with_its_gradient():
     """`Rotation.turn_heads` (the fused TurnToHeads) on the strided per-head views of a fused projection gives, in a
-    new contiguous tensor, what `Rotation.turn` gives on the tokens: bit for bit in bf16, and with the gradient of the
-    reference ops (gradcheck in float64)."""
+    new contiguous tensor, what `Rotation.turn` gives on the tokens, the values copied: bit for bit in bf16, and with
+    the gradient of the reference ops (gradcheck in float64), laid out as the projection is."""
     torch.manual_seed(0)
     batch, seq, heads, head_dim = 2, 7, 3, 8
+    width = heads * head_dim
     positions = torch.randint(0, 300, (batch, seq))
 
-    def queries(qkv):  # (batch, seq, 3 * heads * head_dim) -> the queries' view, (batch, heads, seq, head_dim)
-        return qkv.view(batch, seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4)[0]
+    def grid(qkv):  # (batch, seq, 3 * width) -> the per-head views, (3, batch, heads, seq, head_dim)
+        return qkv.view(batch, seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
 
     for dtype in (torch.float64, torch.bfloat16):
         rotation = Rotation.of(positions, head_dim, 10000.0, dtype)  # (batch, seq, 1, head_dim)
-        qkv = torch.randn(batch, seq, 3 * heads * head_dim, dtype=dtype)
-        turned = rotation.turn_heads(queries(qkv))
-        reference = rotation.turn(qkv[..., : heads * head_dim]).view(batch, seq, heads, head_dim).transpose(1, 2)
+        qkv = torch.randn(batch, seq, 3 * width, dtype=dtype)
+        turned = rotation.turn_heads(grid(qkv), turned=2)
+        reference = grid(torch.cat([rotation.turn(qkv[..., : 2 * width]), qkv[..., 2 * width :]], -1))
         assert turned.is_contiguous() and turned.dtype == dtype
         assert torch.equal(turned, reference)
-        assert torch.equal(rotation.turn_heads(queries(qkv)[:, :, :4]), reference[:, :, :4])  # a grid's queries
+        assert torch.equal(rotation.turn_heads(grid(qkv)[:1, :, :, :4])[0], reference[0, :, :, :4])  # a grid's queries
+        for training in (False, True):  # serving keeps the values' view; training copies them with the rest
+            parts = rotation.turn_projection(grid(qkv.clone().requires_grad_(training)))
+            assert all(torch.equal(part, expected) for part, expected in zip(parts, reference.unbind(0)))
     rotation = Rotation.of(positions, head_dim, 10000.0, torch.float64)
-    qkv = torch.randn(batch, seq, 3 * heads * head_dim, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: rotation.turn_heads(queries(x)), (qkv,))
+    qkv = torch.randn(batch, seq, 3 * width, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: rotation.turn_heads(grid(x), turned=2), (qkv,))
+    # The gradient comes back in the projection's layout: the view back to (batch, seq, 3 * width) copies nothing.
+    views = grid(qkv)
+    turned = rotation.turn_heads(views, turned=2)
+    (gradient,) = torch.autograd.grad(turned, views, torch.randn_like(turned))
+    assert gradient.stride() == views.stride()
 
 
 def test_glu_feed_forward_matches_numpy_and_round_trips(tmp_path):
