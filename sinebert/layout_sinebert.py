@@ -284,13 +284,13 @@ class LayerRows(NamedTuple):
         qkv = attention.qkv_proj(hidden_states)  # (n_real + fillers, 3 * hidden) or (batch, seq, 3 * hidden)
         if self.tokens is None:
             output, _ = attention.attend_padded(qkv, mask, output_attentions, rotation)
-        elif full and not packed:  # (n_real + fillers, hidden); the buckets turn their own grids
-            output = self.tokens.with_fillers(*self._attend_buckets(attention, qkv, output_attentions, rotation))
+            return self.read(output)
+        qkv = attention.rotate(qkv, rotation)  # (the rows' queries and keys turned, in the rows' layout)
+        if full and not packed:  # (n_real + fillers, hidden)
+            output = self.tokens.with_fillers(*self._attend_buckets(attention, qkv, output_attentions))
         elif full:
-            qkv = attention.rotate(qkv, rotation)
             output = self.tokens.with_fillers(self._attend_packed(attention, qkv, output_attentions))
         else:  # sliding windows need the batch's own positions; padding keys are masked
-            qkv = attention.rotate(qkv, rotation)
             output, _ = attention.attend_padded(self.tokens.pad(qkv), mask, output_attentions)
             output = self.tokens.with_fillers(self.tokens.layout.unpad(output))
         return self.read(output)  # (n_read, hidden) where only the rows read are kept
@@ -312,23 +312,17 @@ class LayerRows(NamedTuple):
         output, _ = attention.attend(query, key, value, None, output_attentions, **self.tokens.packing.kwargs())
         return output[0].flatten(1)  # (1, n_real, heads, head_dim) -> (n_real, hidden)
 
-    def _attend_buckets(
-        self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool, rotation=None
-    ) -> list[torch.Tensor]:
-        """qkv: `(n_real + fillers, 3 * hidden)`, not turned yet -> the `(n_real, hidden)` rows in parts, one per
-        bucket, in order: full attention within each bucket. `rotation`: the rows', with rotary positions."""
+    def _attend_buckets(self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool) -> list:
+        """qkv: `(n_real + fillers, 3 * hidden)` -> the `(n_real, hidden)` rows in parts, one per bucket, in order:
+        full attention within each bucket."""
         heads, head_dim = attention.num_heads, attention.head_dim
         parts = []
         for bucket in self.tokens.buckets:
             batch, k_seq = bucket.grid.shape
             # One gather fills the grid: no zeroing, as places past a sequence's end hold a real row (see the bucket).
             grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, heads, head_dim)
-            grid = grid.permute(2, 0, 3, 1, 4)  # (3, batch, heads, k_seq, head_dim)
-            if rotation is None:
-                query, key, value = grid.unbind(0)
-                query = query[:, :, : bucket.q_seq]
-            else:  # turned on the grid, into the layout the kernel takes
-                query, key, value = rotation.grid(bucket.grid).turn_projection(grid, bucket.q_seq)
+            query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, k_seq, head_dim) each
+            query = query[:, :, : bucket.q_seq]
             attended, _ = attention.attend(  # every sequence of a bucket has a token, which every query sees
                 query, key, value, bucket.mask, output_attentions, every_query_has_a_key=True
             )

@@ -80,14 +80,17 @@ class Rotation(NamedTuple):
         """The rotation of the tokens at `index` `(n,)` of the flattened positions: `(n, 1, head_dim)`."""
         return Rotation(*(table.reshape(-1, *table.shape[-2:]).index_select(0, index) for table in self))
 
-    def grid(self, index: torch.Tensor) -> "Rotation":
-        """The rotation of the tokens at `index` `(batch, seq)` of the rows: `(batch, seq, 1, head_dim)`."""
-        return Rotation(*(table.view(*index.shape, *table.shape[-2:]) for table in self.select(index.flatten())))
-
     def turn(self, x: torch.Tensor) -> torch.Tensor:
         """x `(..., n * head_dim)`: n heads' queries or keys of the tokens, turned."""
         heads = x.unflatten(-1, (-1, self.cos.shape[-1]))  # (..., n, head_dim)
         return self._turned(heads, self.cos, self.sin).flatten(-2)
+
+    def turn_parts(self, x: torch.Tensor, turned: int) -> torch.Tensor:
+        """x `(parts, ..., heads, head_dim)`, the tokens' per-head projections -> a new tensor in x's own layout (a
+        view of the fused projection: that projection's), the first `turned` parts turned and the rest copied."""
+        if is_tracing() or torch.compiler.is_compiling():
+            return torch.cat([self._turned(x[:turned], self.cos, self.sin), x[turned:]])
+        return TurnToHeads.apply(x, self.cos, self.sin, turned, True)
 
     def turn_heads(self, x: torch.Tensor, turned: int | None = None) -> torch.Tensor:
         """x `(parts, batch, heads, seq, head_dim)`, any strides: per-head views split from the fused projection of
@@ -97,18 +100,17 @@ class Rotation(NamedTuple):
         cos, sin = (table[:, : x.shape[-2]].transpose(1, 2) for table in self)  # (batch, 1, seq, head_dim)
         if is_tracing() or torch.compiler.is_compiling():  # a graph takes the reference's ops (inductor fuses them)
             return torch.cat([self._turned(x[:turned], cos, sin), x[turned:]])
-        return TurnToHeads.apply(x, cos, sin, turned)
+        return TurnToHeads.apply(x, cos, sin, turned, False)
 
-    def turn_projection(self, grid: torch.Tensor, queries: int | None = None) -> tuple[torch.Tensor, ...]:
-        """grid `(3, batch, heads, seq, head_dim)`: the per-head views of the fused projection -> the first `queries`
-        queries (all where None) and the keys turned, contiguous, and the values. While training, the values are
-        copied with the queries and keys into one tensor, so that the gradient comes back as one tensor in the
-        projection's own layout (bf16 steps 1.8% faster than turning each alone in benchmarks/ab.py); serving turns
-        only the queries it keeps and leaves the values the view they are, which the kernels read as they are."""
+    def turn_projection(self, grid: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """grid `(3, batch, heads, seq, head_dim)`: the per-head views of the fused projection of a padded batch ->
+        the queries and keys turned, contiguous, and the values. While training, the values are copied with them into
+        one tensor, so that the gradient comes back as one tensor in the projection's own layout (bf16 steps 1.8%
+        faster than turning each alone in benchmarks/ab.py); serving leaves them the view they are, which the kernels
+        read as they are."""
         if torch.is_grad_enabled() and grid.requires_grad:
-            query, key, value = self.turn_heads(grid, turned=2).unbind(0)
-            return query[:, :, :queries], key, value
-        return self.turn_heads(grid[:1, :, :, :queries])[0], self.turn_heads(grid[1:2])[0], grid[2]
+            return self.turn_heads(grid, turned=2).unbind(0)
+        return *self.turn_heads(grid[:2]).unbind(0), grid[2]
 
     @staticmethod
     def _turned(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -285,13 +287,12 @@ class SineBertAttention(nn.Module):
 
     def rotate(self, qkv: torch.Tensor, rotation: Rotation | None) -> torch.Tensor:
         """qkv: `(..., 3 * hidden)` projections of tokens, queries then keys then values. With rotary positions (a
-        `rotation` of the tokens) the queries and keys come back turned, token-major (for the kernels of packed rows
-        and sliding windows; the others turn on their per-head grid, `Rotation.turn_heads`); otherwise `qkv` as it
-        is."""
+        `rotation` of the tokens) the queries and keys come back turned, in a new tensor of qkv's layout (for the
+        rows of a padding-free batch, before they go to their kernel); otherwise `qkv` as it is."""
         if rotation is None:
             return qkv
-        width = 2 * self.num_heads * self.head_dim
-        return torch.cat([rotation.turn(qkv[..., :width]), qkv[..., width:]], -1)
+        parts = qkv.unflatten(-1, (3, self.num_heads, self.head_dim)).movedim(-3, 0)  # (3, ..., heads, head_dim)
+        return rotation.turn_parts(parts, turned=2).movedim(0, -3).flatten(-3)
 
     def attend_padded(
         self, qkv: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False,

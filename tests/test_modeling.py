@@ -201,12 +201,18 @@ def test_turning_heads_in_place_of_the_projection_equals_turning_the_tokens_with
         assert turned.is_contiguous() and turned.dtype == dtype
         assert torch.equal(turned, reference)
         assert torch.equal(rotation.turn_heads(grid(qkv)[:1, :, :, :4])[0], reference[0, :, :, :4])  # a grid's queries
+        rows = qkv.unflatten(-1, (3, heads, head_dim)).movedim(-3, 0)  # token-major, as the rows of a batch turn
+        turned_rows = rotation.turn_parts(rows, turned=2)
+        assert turned_rows.stride() == rows.stride() and torch.equal(turned_rows.permute(0, 1, 3, 2, 4), reference)
         for training in (False, True):  # serving keeps the values' view; training copies them with the rest
             parts = rotation.turn_projection(grid(qkv.clone().requires_grad_(training)))
             assert all(torch.equal(part, expected) for part, expected in zip(parts, reference.unbind(0)))
     rotation = Rotation.of(positions, head_dim, 10000.0, torch.float64)
     qkv = torch.randn(batch, seq, 3 * width, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: rotation.turn_heads(grid(x), turned=2), (qkv,))
+    assert torch.autograd.gradcheck(
+        lambda x: rotation.turn_parts(x.unflatten(-1, (3, heads, head_dim)).movedim(-3, 0), turned=2), (qkv,)
+    )
     # The gradient comes back in the projection's layout: the view back to (batch, seq, 3 * width) copies nothing.
     views = grid(qkv)
     turned = rotation.turn_heads(views, turned=2)
