@@ -92,23 +92,23 @@ def _turn_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin_first:
 
 
 class TurnToHeads(torch.autograd.Function):
-    """Rotary positions turning strided per-head views of the fused projection, `(parts, ..., head_dim)`, into a
-    new tensor: contiguous, the layout the kernels take without a copy, or with `in_place` in x's own (the token-major
-    rows of a padding-free batch, which the length buckets gather next). The first `turned` parts (the queries and
-    keys) are turned, the rest (the values) copied. The reference (`Rotation.turn`: a product, a roll
-    and a fused multiply-add, then the queries, keys and values joined again, and copied per head by the kernel)
-    writes five tensors where this writes one. The same arithmetic in the same order, so the forward is bit for bit
-    the reference's. Backward turns the gradient back by the opposite angle (the sine table's halves swap), written in
-    the input's own layout, so that the gradient of the projection it is a view of needs no copy either."""
+    """Rotary positions turning strided per-head views of the fused projection, `(parts, ..., head_dim)`, into a new
+    tensor: contiguous, the layout the kernels take without a copy, or with `keep_layout` in x's own (the token-major
+    rows of a padding-free batch, which the length buckets gather next). The first `turned` parts (the queries and keys)
+    are turned, the rest (the values) copied. The reference (`Rotation.turn`: a product, a roll and a fused
+    multiply-add, then the queries, keys and values joined again, and copied per head by the kernel) writes five tensors
+    where this writes one. The same arithmetic in the same order, so the forward is bit for bit the reference's.
+    Backward turns the gradient back by the opposite angle (the sine table's halves swap), written in the input's own
+    layout, so that the gradient of the projection it is a view of needs no copy either."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, turned: int, in_place: bool):
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, turned: int, keep_layout: bool):
         # cos (..., head_dim): cos twice; sin (..., head_dim): -sin then sin; both broadcast to x[i]
         ctx.save_for_backward(cos, sin)
         ctx.turned, ctx.layout = turned, torch.empty_like(x, device="meta")  # (x's strides, where it is dense)
         half = x.shape[-1] // 2
         dtype = torch.result_type(x, cos)
-        out = torch.empty_like(x, dtype=dtype) if in_place else torch.empty(x.shape, dtype=dtype, device=x.device)
+        out = torch.empty_like(x, dtype=dtype) if keep_layout else torch.empty(x.shape, dtype=dtype, device=x.device)
         return _turn_parts(out, x, turned, cos, sin[..., :half], sin[..., half:])
 
     @staticmethod

@@ -90,7 +90,7 @@ class Rotation(NamedTuple):
         view of the fused projection: that projection's), the first `turned` parts turned and the rest copied."""
         if is_tracing() or torch.compiler.is_compiling():
             return torch.cat([self._turned(x[:turned], self.cos, self.sin), x[turned:]])
-        return TurnToHeads.apply(x, self.cos, self.sin, turned, True)
+        return TurnToHeads.apply(x, self.cos, self.sin, turned, True)  # keep_layout
 
     def turn_heads(self, x: torch.Tensor, turned: int | None = None) -> torch.Tensor:
         """x `(parts, batch, heads, seq, head_dim)`, any strides: per-head views split from the fused projection of
