@@ -95,7 +95,7 @@ def main(argv=None):
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=DEFAULT_CONTENDERS,
                         help="Which models to train, one after another (default: %(default)s).")
     parser.add_argument("--tiny", action="store_true", help="Hidden 32 and a 500-token vocabulary: checks it runs.")
-    parser.add_argument("--learning_rate", type=float, default=tta.PEAK_LR,
+    parser.add_argument("--learning_rate", type=tta.peak_learning_rate, default=tta.PEAK_LR,
                         help="The schedule's peak (default: the cram's, %(default)g).")
     tta.add_text_arguments(parser)
     args = parser.parse_args(argv)

@@ -64,6 +64,17 @@ DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
 
 
+def peak_learning_rate(text: str) -> float:
+    """argparse type of --learning_rate: a number of 0 (weights that never move, a baseline) or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate; give a number of 0 or more, such as 1e-3.")
+    return value
+
+
 def learning_rate(share: float, peak: float = PEAK_LR) -> float:
     """The cram's schedule at `share` of a budget spent: linear warmup over WARMUP to `peak`, then linear decay to 0."""
     if share < WARMUP:
@@ -327,7 +338,7 @@ def main(argv=None):
     parser.add_argument("--modernbert_attention", choices=("sdpa", "eager"),
                         help="ModernBERT's attention (default: the faster in speed.py's rows, eager for bf16 on a CPU, "
                              "else sdpa).")
-    parser.add_argument("--learning_rate", type=float, default=PEAK_LR,
+    parser.add_argument("--learning_rate", type=peak_learning_rate, default=PEAK_LR,
                         help="Every model's peak learning rate (default: the cram's, %(default)g).")
     add_text_arguments(parser)
     args = parser.parse_args(argv)

@@ -53,6 +53,16 @@ def test_each_contender_steps_at_the_schedule_of_its_own_peak():
     assert contender.optimizer.param_groups[0]["lr"] == pytest.approx(3e-3)
 
 
+def test_a_learning_rate_that_is_negative_or_not_a_number_is_refused_by_name():
+    tta = load_benchmark()
+    import argparse
+
+    assert tta.peak_learning_rate("2e-3") == pytest.approx(2e-3) and tta.peak_learning_rate("0") == 0
+    for text in ("-1", "nan", "abc"):
+        with pytest.raises(argparse.ArgumentTypeError, match=repr(text)):
+            tta.peak_learning_rate(text)
+
+
 def test_seconds_to_reach_interpolates_and_says_when_never():
     tta = load_benchmark()
     curve = [(0.0, 0, 0.0), (10.0, 5, 0.1), (20.0, 10, 0.3)]
