@@ -81,26 +81,29 @@ class Rotation(NamedTuple):
         return Rotation(*(table.reshape(-1, *table.shape[-2:]).index_select(0, index) for table in self))
 
     def turn(self, x: torch.Tensor) -> torch.Tensor:
-        """x `(..., n * head_dim)`: n heads' queries or keys of the tokens, turned."""
+        """x `(..., n * head_dim)`: n heads' queries or keys of the tokens, turned. The reference that the fused turns
+        below are tested against."""
         heads = x.unflatten(-1, (-1, self.cos.shape[-1]))  # (..., n, head_dim)
         return self._turned(heads, self.cos, self.sin).flatten(-2)
 
     def turn_parts(self, x: torch.Tensor, turned: int) -> torch.Tensor:
         """x `(parts, ..., heads, head_dim)`, the tokens' per-head projections -> a new tensor in x's own layout (a
         view of the fused projection: that projection's), the first `turned` parts turned and the rest copied."""
-        if is_tracing() or torch.compiler.is_compiling():
-            return torch.cat([self._turned(x[:turned], self.cos, self.sin), x[turned:]])
-        return TurnToHeads.apply(x, self.cos, self.sin, turned, True)  # keep_layout
+        return self._fused(x, self.cos, self.sin, turned, keep_layout=True)
 
     def turn_heads(self, x: torch.Tensor, turned: int | None = None) -> torch.Tensor:
         """x `(parts, batch, heads, seq, head_dim)`, any strides: per-head views split from the fused projection of
         a `(batch, k_seq, 1, head_dim)` rotation's first seq tokens -> a new contiguous tensor, its first `turned`
         parts (all where None) turned and the rest copied."""
-        turned = len(x) if turned is None else turned
         cos, sin = (table[:, : x.shape[-2]].transpose(1, 2) for table in self)  # (batch, 1, seq, head_dim)
+        return self._fused(x, cos, sin, len(x) if turned is None else turned, keep_layout=False)
+
+    @staticmethod
+    def _fused(x, cos, sin, turned: int, keep_layout: bool) -> torch.Tensor:
+        """TurnToHeads, or in a traced or compiled graph the reference's ops."""
         if is_tracing() or torch.compiler.is_compiling():  # a graph takes the reference's ops (inductor fuses them)
-            return torch.cat([self._turned(x[:turned], cos, sin), x[turned:]])
-        return TurnToHeads.apply(x, cos, sin, turned, False)
+            return torch.cat([Rotation._turned(x[:turned], cos, sin), x[turned:]])
+        return TurnToHeads.apply(x, cos, sin, turned, keep_layout)
 
     def turn_projection(self, grid: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """grid `(3, batch, heads, seq, head_dim)`: the per-head views of the fused projection of a padded batch ->
