@@ -114,16 +114,25 @@ class AttentionBucket(NamedTuple):
     places: tuple[torch.Tensor, torch.Tensor]  # (its rows,) twice: grid row and column of each of the bucket's rows
     q_seq: int
     mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
+    # The fused projection `(rows, 3 * heads * head_dim)` viewed as `(rows * 3 * heads, head_dim)`: the row of each
+    # head's query at each place of the grid's first q_seq columns, then of its key and of its value at every place,
+    # so that one index_select lays out (batch, heads, q_seq) queries and (2, batch, heads, k_seq) keys and values,
+    # each contiguous as the kernels read them (a third of the time of gathering whole rows and copying each head out).
+    gather: torch.Tensor
+    # (its rows * heads,) the row of the output `(batch, heads, q_seq, head_dim)` viewed as `(-1, head_dim)` of each
+    # of the bucket's rows and heads: one index_select gives the bucket's `(its rows, hidden)` outputs.
+    scatter: torch.Tensor
 
 
 def attention_buckets(
-    on_device: torch.Tensor, on_host: list[int], key_multiple: int = 1
+    on_device: torch.Tensor, on_host: list[int], key_multiple: int = 1, heads: int = 1
 ) -> tuple[AttentionBucket, ...]:
     """Splits sequences of lengths `on_device` `(batch,)` (longest first; their rows follow one another in that
     order; `on_host` the same as a list) into at most MAX_BUCKETS runs of equal count, as many as make the padded
     attention work, sum(batch * q_seq * k_seq), plus BUCKET_COST per bucket smallest; each bucket's keys are its
     longest rounded up to a multiple of `key_multiple`. Sequences without tokens join no bucket. Every tensor is
-    made from `on_device` on its device: a copy of the list there would wait for the device as a read does."""
+    made from `on_device` on its device: a copy of the list there would wait for the device as a read does. `heads`:
+    the attention heads, whose rows `gather` and `scatter` index."""
     lengths = [n for n in on_host if n]
     if not lengths:
         return ()
@@ -151,9 +160,19 @@ def attention_buckets(
         grid = torch.where(real, starts + columns, start)
         mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
         places = torch.nonzero_static(real[:, : run[0]], size=sum(run)).unbind(1)
-        buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, places, run[0], mask))
+        head = torch.arange(heads, device=on_device.device)
+        gather = torch.cat([_head_rows(grid[:, : run[0]], 0, heads), *(_head_rows(grid, p, heads) for p in (1, 2))])
+        scatter = ((places[0][:, None] * heads + head) * run[0] + places[1][:, None]).flatten()  # (its rows, heads)
+        buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, places, run[0], mask, gather, scatter))
         start, first = start + sum(run), first + len(run)
     return tuple(buckets)
+
+
+def _head_rows(grid: torch.Tensor, part: int, heads: int) -> torch.Tensor:
+    """`(batch, columns)` rows of tokens -> `(batch * heads * columns,)` rows of their part (0 query, 1 key, 2 value)
+    of each head in the fused projection viewed as `(rows * 3 * heads, head_dim)`, in (batch, heads, columns) order."""
+    head = torch.arange(heads, device=grid.device)[:, None]  # (heads, 1)
+    return ((grid[:, None] * 3 + part) * heads + head).flatten()
 
 
 class Packing(NamedTuple):
@@ -186,12 +205,12 @@ class TokenRows(NamedTuple):
     @classmethod
     def from_mask(
         cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1, packed: bool = False,
-        lengths: list[int] | None = None,
+        lengths: list[int] | None = None, heads: int = 1,
     ) -> "TokenRows":
         """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
         `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS; `packed`: the sequences'
         boundaries instead of buckets; `lengths`: each row's count of True places where the caller has read them
-        (else they are read here: every size below comes from that one read)."""
+        (else they are read here: every size below comes from that one read); `heads`: the attention heads."""
         real = attention_mask.bool()
         counts = real.sum(1)  # (batch,)
         order = torch.argsort(counts, descending=True, stable=True)
@@ -203,7 +222,7 @@ class TokenRows(NamedTuple):
         fillers = -n_real % row_multiple if n_real >= FILLED_MIN_ROWS else 0
         rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
         if not packed:
-            return cls(layout, attention_buckets(sorted_lengths, on_host, key_multiple), rows)
+            return cls(layout, attention_buckets(sorted_lengths, on_host, key_multiple, heads), rows)
         nonempty = sorted_lengths[: sum(1 for n in on_host if n)]  # sequences without tokens left out
         cu_seq_lens = torch.nn.functional.pad(nonempty.cumsum(0), (1, 0)).to(torch.int32)
         return cls(layout, (), rows, Packing(cu_seq_lens, on_host[0] if on_host else 0))
@@ -319,14 +338,18 @@ class LayerRows(NamedTuple):
         parts = []
         for bucket in self.tokens.buckets:
             batch, k_seq = bucket.grid.shape
-            # One gather fills the grid: no zeroing, as places past a sequence's end hold a real row (see the bucket).
-            grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, heads, head_dim)
-            query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, k_seq, head_dim) each
-            query = query[:, :, : bucket.q_seq]
+            queries = batch * heads * bucket.q_seq
+            # One gather lays out every head: no zeroing, as places past a sequence's end hold a real row (see the
+            # bucket). (queries + 2 * batch * heads * k_seq, head_dim)
+            gathered = qkv.view(-1, head_dim).index_select(0, bucket.gather)
+            query = gathered[:queries].view(batch, heads, bucket.q_seq, head_dim)
+            key, value = gathered[queries:].view(2, batch, heads, k_seq, head_dim).unbind(0)
             attended, _ = attention.attend(  # every sequence of a bucket has a token, which every query sees
                 query, key, value, bucket.mask, output_attentions, every_query_has_a_key=True
             )
-            parts.append(attended[bucket.places].flatten(1))  # (batch, q_seq, heads, head_dim) -> (its rows, hidden)
+            # (batch, q_seq, heads, head_dim), a view of the (batch, heads, q_seq, head_dim) the kernels write
+            output = attended.transpose(1, 2).reshape(-1, head_dim).index_select(0, bucket.scatter)
+            parts.append(output.view(-1, heads * head_dim))  # (its rows, hidden)
         return parts or [qkv.new_zeros(0, qkv.shape[-1] // 3)]
 
     def _attend_queries(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
@@ -440,7 +463,8 @@ class TokenLayout:
         self.tokens = None
         if self.packed or fast and self.masks["full_attention"] is not None:
             real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
-            self.tokens = TokenRows.from_mask(real, *multiples, packed=self.packed, lengths=lengths)
+            self.tokens = TokenRows.from_mask(real, *multiples, packed=self.packed, lengths=lengths,
+                                              heads=config.num_attention_heads)
         self.queries = self.output_mask = None
         if output_mask is not None:
             counts = _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read "
@@ -486,7 +510,8 @@ class TokenLayout:
         self.dropping, self.kept = tuple(config.token_dropping_range), kept
         self.kept_rows = self.kept_index = None  # under the reference the kept tokens are a mask
         if multiples is not None:
-            self.kept_rows = TokenRows.from_mask(kept, *multiples, packed=self.packed, lengths=counts)
+            self.kept_rows = TokenRows.from_mask(kept, *multiples, packed=self.packed, lengths=counts,
+                                                 heads=config.num_attention_heads)
             rows = self.kept_rows.rows
             self.kept_index = rows if self.tokens is None else self.tokens.rows_of(rows)  # (n_kept + fillers,)
 

@@ -462,8 +462,8 @@ def test_last_layer_computes_only_the_rows_the_head_reads_and_matches_the_refere
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def buckets(lengths: list[int], key_multiple: int = 1):
-    return attention_buckets(torch.tensor(lengths, dtype=torch.long), lengths, key_multiple)
+def buckets(lengths: list[int], key_multiple: int = 1, heads: int = 1):
+    return attention_buckets(torch.tensor(lengths, dtype=torch.long), lengths, key_multiple, heads)
 
 
 def test_attention_buckets_split_a_batch_only_where_it_saves_more_than_a_kernel_call():
@@ -489,6 +489,22 @@ def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_
     assert ragged.grid[rows, columns].tolist() == list(range(390, 405))
     (rounded,) = buckets([50] * 8, key_multiple=32)
     assert rounded.grid.shape == (8, 64) and rounded.q_seq == 50 and rounded.mask[:, 0, 0].sum(1).tolist() == [50] * 8
+
+
+def test_a_bucket_gathers_each_heads_queries_keys_and_values_and_puts_the_outputs_back_in_its_rows():
+    heads, head_dim = 3, 2
+    ragged = buckets([100, 100, 100, 90, 5, 4, 4, 2], key_multiple=8, heads=heads)[1]
+    (batch, k_seq), q_seq = ragged.grid.shape, ragged.q_seq
+    qkv = torch.randn(405, 3 * heads * head_dim)
+    # The reference: whole rows gathered onto the grid, then split per head.
+    grid = qkv[ragged.grid].view(batch, k_seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4)  # (3, batch, heads, ...)
+    gathered = qkv.view(-1, head_dim)[ragged.gather]
+    queries = batch * heads * q_seq
+    assert torch.equal(gathered[:queries].view(batch, heads, q_seq, head_dim), grid[0, :, :, :q_seq])
+    assert torch.equal(gathered[queries:].view(2, batch, heads, k_seq, head_dim), grid[1:])
+    output = torch.randn(batch, heads, q_seq, head_dim)
+    rows = output.view(-1, head_dim)[ragged.scatter].view(-1, heads * head_dim)
+    assert torch.equal(rows, output.transpose(1, 2)[ragged.places].flatten(1))
 
 
 def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
