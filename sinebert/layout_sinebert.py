@@ -111,17 +111,18 @@ class AttentionBucket(NamedTuple):
     # (batch, k_seq) the row of `(n_real, ...)` at each place of the grid. Places past a sequence's end repeat a real
     # row of the bucket: they are masked as keys and dropped as queries, so nothing needs zeroing.
     grid: torch.Tensor
-    places: tuple[torch.Tensor, torch.Tensor]  # (its rows,) twice: grid row and column of each of the bucket's rows
     q_seq: int
     mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
-    # The fused projection `(rows, 3 * heads * head_dim)` viewed as `(rows * 3 * heads, head_dim)`: the row of each
-    # head's query at each place of the grid's first q_seq columns, then of its key and of its value at every place,
-    # so that one index_select lays out (batch, heads, q_seq) queries and (2, batch, heads, k_seq) keys and values,
-    # each contiguous as the kernels read them (a third of the time of gathering whole rows and copying each head out).
-    gather: torch.Tensor
-    # (its rows * heads,) the row of the output `(batch, heads, q_seq, head_dim)` viewed as `(-1, head_dim)` of each
-    # of the bucket's rows and heads: one index_select gives the bucket's `(its rows, hidden)` outputs.
-    scatter: torch.Tensor
+    slots: torch.Tensor  # (its rows,) the place of each of the bucket's rows in the grid's q_seq columns, flattened
+    # Kernels that read strided heads (SDPA) take the grid's whole rows, which gather fastest; the matmul kernel needs
+    # each head contiguous, which one gather of rows of head_dim lays out: `heads` is then the row, in the fused
+    # projection `(rows, 3 * heads * head_dim)` viewed as `(rows * 3 * heads, head_dim)`, of each head's query at the
+    # grid's first q_seq columns and of its key and its value at every place, in (batch, heads, columns) order; and
+    # `head_slots` `(its rows * heads,)` the row of each of the bucket's rows and heads in the output `(batch, heads,
+    # q_seq, head_dim)` viewed as `(-1, head_dim)`. (On SST-2 in bf16 a third of the time of gathering whole rows
+    # and copying each head out; in fp32 twice the time of gathering whole rows.)
+    heads: torch.Tensor
+    head_slots: torch.Tensor
 
 
 def attention_buckets(
@@ -132,7 +133,7 @@ def attention_buckets(
     attention work, sum(batch * q_seq * k_seq), plus BUCKET_COST per bucket smallest; each bucket's keys are its
     longest rounded up to a multiple of `key_multiple`. Sequences without tokens join no bucket. Every tensor is
     made from `on_device` on its device: a copy of the list there would wait for the device as a read does. `heads`:
-    the attention heads, whose rows `gather` and `scatter` index."""
+    the attention heads, whose rows `heads` and `head_slots` index."""
     lengths = [n for n in on_host if n]
     if not lengths:
         return ()
@@ -159,11 +160,12 @@ def attention_buckets(
         real = columns < counts  # (batch, k_seq)
         grid = torch.where(real, starts + columns, start)
         mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
-        places = torch.nonzero_static(real[:, : run[0]], size=sum(run)).unbind(1)
+        row, column = torch.nonzero_static(real[:, : run[0]], size=sum(run)).unbind(1)  # (its rows,) each
         head = torch.arange(heads, device=on_device.device)
-        gather = torch.cat([_head_rows(grid[:, : run[0]], 0, heads), *(_head_rows(grid, p, heads) for p in (1, 2))])
-        scatter = ((places[0][:, None] * heads + head) * run[0] + places[1][:, None]).flatten()  # (its rows, heads)
-        buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, places, run[0], mask, gather, scatter))
+        head_rows = torch.cat([_head_rows(grid[:, : run[0]], 0, heads), *(_head_rows(grid, p, heads) for p in (1, 2))])
+        head_slots = ((row[:, None] * heads + head) * run[0] + column[:, None]).flatten()  # (its rows, heads)
+        buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, run[0], mask, row * run[0] + column,
+                                       head_rows, head_slots))
         start, first = start + sum(run), first + len(run)
     return tuple(buckets)
 
@@ -338,17 +340,15 @@ class LayerRows(NamedTuple):
         parts = []
         for bucket in self.tokens.buckets:
             batch, k_seq = bucket.grid.shape
-            queries = batch * heads * bucket.q_seq
-            # One gather lays out every head: no zeroing, as places past a sequence's end hold a real row (see the
-            # bucket). (queries + 2 * batch * heads * k_seq, head_dim)
-            gathered = qkv.view(-1, head_dim).index_select(0, bucket.gather)
-            query = gathered[:queries].view(batch, heads, bucket.q_seq, head_dim)
-            key, value = gathered[queries:].view(2, batch, heads, k_seq, head_dim).unbind(0)
+            per_head = attention.kernel_name(qkv.device, qkv.dtype, batch * heads * bucket.q_seq * k_seq) == "matmul"
+            query, key, value = (_gather_heads if per_head else _gather_rows)(qkv, bucket, heads, head_dim)
             attended, _ = attention.attend(  # every sequence of a bucket has a token, which every query sees
                 query, key, value, bucket.mask, output_attentions, every_query_has_a_key=True
-            )
-            # (batch, q_seq, heads, head_dim), a view of the (batch, heads, q_seq, head_dim) the kernels write
-            output = attended.transpose(1, 2).reshape(-1, head_dim).index_select(0, bucket.scatter)
+            )  # (batch, q_seq, heads, head_dim): a view of (batch, heads, q_seq, head_dim) for per-head inputs
+            if per_head:
+                output = attended.transpose(1, 2).reshape(-1, head_dim).index_select(0, bucket.head_slots)
+            else:
+                output = attended.reshape(batch * bucket.q_seq, -1).index_select(0, bucket.slots)
             parts.append(output.view(-1, heads * head_dim))  # (its rows, hidden)
         return parts or [qkv.new_zeros(0, qkv.shape[-1] // 3)]
 
@@ -371,6 +371,25 @@ class LayerRows(NamedTuple):
             key = (rotation if self.tokens is None else _padded(rotation, self.tokens.pad)).turn_heads(key[None])[0]
         output, _ = attention.attend(query, key, value, mask, output_attentions)  # (batch, queries, heads, head_dim)
         return self.queries.layout.unpad(output).flatten(1)
+
+
+def _gather_rows(qkv: torch.Tensor, bucket: AttentionBucket, heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+    """A bucket's query, key and value `(batch, heads, q_seq or k_seq, head_dim)` from the rows `(rows, 3 * hidden)`:
+    one gather of whole rows onto the grid (no zeroing, as places past a sequence's end hold a real row), then
+    strided views of each head."""
+    batch, k_seq = bucket.grid.shape
+    grid = qkv.index_select(0, bucket.grid.flatten()).view(batch, k_seq, 3, heads, head_dim)
+    query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)
+    return query[:, :, : bucket.q_seq], key, value
+
+
+def _gather_heads(qkv: torch.Tensor, bucket: AttentionBucket, heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+    """The same as `_gather_rows`, each head contiguous: one gather of rows of head_dim."""
+    batch, k_seq = bucket.grid.shape
+    gathered = qkv.view(-1, head_dim).index_select(0, bucket.heads)  # (queries + 2 * batch * heads * k_seq, head_dim)
+    queries = batch * heads * bucket.q_seq
+    key, value = gathered[queries:].view(2, batch, heads, k_seq, head_dim).unbind(0)
+    return gathered[:queries].view(batch, heads, bucket.q_seq, head_dim), key, value
 
 
 def _padded(rotation, pad):

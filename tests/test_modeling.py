@@ -484,9 +484,8 @@ def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_
     assert ragged.grid.tolist() == [[390, 391, 392, 393, 394, 390, 390, 390], [395, 396, 397, 398, 390, 390, 390, 390],
                                     [399, 400, 401, 402, 390, 390, 390, 390], [403, 404, 390, 390, 390, 390, 390, 390]]
     assert ragged.mask.shape == (4, 1, 1, 8) and ragged.mask[:, 0, 0].sum(1).tolist() == [5, 4, 4, 2]
-    # The bucket's rows, in order, sit at these (row, column) places of the grid.
-    rows, columns = ragged.places
-    assert ragged.grid[rows, columns].tolist() == list(range(390, 405))
+    # The bucket's rows, in order, sit at these places of the grid's first q_seq columns.
+    assert ragged.grid[:, :5].flatten()[ragged.slots].tolist() == list(range(390, 405))
     (rounded,) = buckets([50] * 8, key_multiple=32)
     assert rounded.grid.shape == (8, 64) and rounded.q_seq == 50 and rounded.mask[:, 0, 0].sum(1).tolist() == [50] * 8
 
@@ -498,13 +497,13 @@ def test_a_bucket_gathers_each_heads_queries_keys_and_values_and_puts_the_output
     qkv = torch.randn(405, 3 * heads * head_dim)
     # The reference: whole rows gathered onto the grid, then split per head.
     grid = qkv[ragged.grid].view(batch, k_seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4)  # (3, batch, heads, ...)
-    gathered = qkv.view(-1, head_dim)[ragged.gather]
+    gathered = qkv.view(-1, head_dim)[ragged.heads]
     queries = batch * heads * q_seq
     assert torch.equal(gathered[:queries].view(batch, heads, q_seq, head_dim), grid[0, :, :, :q_seq])
     assert torch.equal(gathered[queries:].view(2, batch, heads, k_seq, head_dim), grid[1:])
     output = torch.randn(batch, heads, q_seq, head_dim)
-    rows = output.view(-1, head_dim)[ragged.scatter].view(-1, heads * head_dim)
-    assert torch.equal(rows, output.transpose(1, 2)[ragged.places].flatten(1))
+    rows = output.view(-1, head_dim)[ragged.head_slots].view(-1, heads * head_dim)
+    assert torch.equal(rows, output.transpose(1, 2).reshape(-1, heads * head_dim)[ragged.slots])
 
 
 def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
