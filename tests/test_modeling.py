@@ -27,6 +27,8 @@ from sinebert.layout_sinebert import (
     CPU_BF16_ROW_MULTIPLE,
     TokenLoss,
     TokenRows,
+    _gather_heads,
+    _gather_rows,
     attention_buckets,
     padding_mask,
     tokens_to_keep,
@@ -493,17 +495,14 @@ def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_
 def test_a_bucket_gathers_each_heads_queries_keys_and_values_and_puts_the_outputs_back_in_its_rows():
     heads, head_dim = 3, 2
     ragged = buckets([100, 100, 100, 90, 5, 4, 4, 2], key_multiple=8, heads=heads)[1]
-    (batch, k_seq), q_seq = ragged.grid.shape, ragged.q_seq
     qkv = torch.randn(405, 3 * heads * head_dim)
-    # The reference: whole rows gathered onto the grid, then split per head.
-    grid = qkv[ragged.grid].view(batch, k_seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4)  # (3, batch, heads, ...)
-    gathered = qkv.view(-1, head_dim)[ragged.heads]
-    queries = batch * heads * q_seq
-    assert torch.equal(gathered[:queries].view(batch, heads, q_seq, head_dim), grid[0, :, :, :q_seq])
-    assert torch.equal(gathered[queries:].view(2, batch, heads, k_seq, head_dim), grid[1:])
+    # Per head (for the matmul kernel): the same queries, keys and values as whole rows' strided views, contiguous.
+    for ours, rows in zip(_gather_heads(qkv, ragged, heads, head_dim), _gather_rows(qkv, ragged, heads, head_dim)):
+        assert ours.is_contiguous() and torch.equal(ours, rows)
+    batch, q_seq = len(ragged.grid), ragged.q_seq
     output = torch.randn(batch, heads, q_seq, head_dim)
-    rows = output.view(-1, head_dim)[ragged.head_slots].view(-1, heads * head_dim)
-    assert torch.equal(rows, output.transpose(1, 2).reshape(-1, heads * head_dim)[ragged.slots])
+    picked = output.view(-1, head_dim)[ragged.head_slots].view(-1, heads * head_dim)
+    assert torch.equal(picked, output.transpose(1, 2).reshape(-1, heads * head_dim)[ragged.slots])
 
 
 def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
