@@ -46,6 +46,9 @@ class SineBertConfig(PreTrainedConfig):
             Transformer"; ModernBERT's feed-forward): the first projection gives two halves of width ffn, the
             activation of one times the other goes through Linear(ffn, d). An `intermediate_size` of 2/3 of an
             `"mlp"`'s takes the same FLOPs.
+        bias (`bool`, defaults to `True`): Whether the encoder's linear layers and LayerNorms (and the masked-LM
+            head's transform) add a bias, as BERT's do. `False`, as ModernBERT: none but the decoder's and the task
+            heads'.
         hidden_dropout_prob (`float`, defaults to 0.1): Dropout on embeddings and residual branches, in [0, 1).
         attention_probs_dropout_prob (`float`, defaults to 0.1): Dropout on attention probabilities, in [0, 1).
         max_position_embeddings (`int`, defaults to 512): Rows of the cached sinusoidal table. Not a limit:
@@ -142,6 +145,7 @@ class SineBertConfig(PreTrainedConfig):
     intermediate_size: int = 3072
     hidden_act: str = "gelu"
     mlp_type: Literal["mlp", "glu"] = "mlp"
+    bias: bool = True
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
@@ -206,6 +210,8 @@ class SineBertConfig(PreTrainedConfig):
             raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {self.norm_placement!r}.")
         if self.mlp_type not in MLP_TYPES:
             raise ValueError(f"mlp_type must be one of {MLP_TYPES}, got {self.mlp_type!r}.")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"bias must be true or false, got {self.bias!r}.")
         if self.attention_init not in ATTENTION_INITS:
             raise ValueError(f"attention_init must be one of {ATTENTION_INITS}, got {self.attention_init!r}.")
         if self.classifier_pooling not in CLASSIFIER_POOLINGS:

@@ -358,8 +358,9 @@ class LayerRows(NamedTuple):
         those rows alone."""
         hidden, heads, head_dim = attention.out_proj.in_features, attention.num_heads, attention.head_dim
         weight, bias = attention.qkv_proj.weight, attention.qkv_proj.bias  # (3 * hidden, hidden): query, key, value
-        query = torch.nn.functional.linear(self.read(hidden_states), weight[:hidden], bias[:hidden])  # (n_read, hidden)
-        key_value = torch.nn.functional.linear(hidden_states, weight[hidden:], bias[hidden:])  # every token
+        query_bias, key_value_bias = (None, None) if bias is None else (bias[:hidden], bias[hidden:])
+        query = torch.nn.functional.linear(self.read(hidden_states), weight[:hidden], query_bias)  # (n_read, hidden)
+        key_value = torch.nn.functional.linear(hidden_states, weight[hidden:], key_value_bias)  # every token
         query = self.queries.layout.pad(query)  # (batch, queries, hidden)
         if self.tokens is not None:
             key_value = self.tokens.pad(key_value)  # (batch, seq, 2 * hidden); padding keys are masked

@@ -144,7 +144,7 @@ class SineBertEmbeddings(nn.Module):
             sinusoidal_encoding(torch.arange(config.max_position_embeddings), config.hidden_size),
             persistent=False,
         )
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def position_encoding(self, position_ids: torch.LongTensor | None, seq_length: int) -> torch.Tensor:
@@ -269,8 +269,8 @@ class SineBertAttention(nn.Module):
         local = self.layer_type == "sliding_attention"
         self.sliding_window = config.sliding_window if local else None
         self.global_positions = tuple(config.global_attention_positions or ()) if local else ()
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
-        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.bias)
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
 
     def forward(
         self,
@@ -371,9 +371,9 @@ class SineBertMLP(nn.Module):
     def __init__(self, config: SineBertConfig):
         super().__init__()
         self.gated = config.mlp_type == "glu"
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size * (2 if self.gated else 1))
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size * (2 if self.gated else 1), bias=config.bias)
         self.act = ACT2FN[config.hidden_act]
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if not self.gated:
@@ -389,9 +389,9 @@ class SineBertLayer(GradientCheckpointingLayer):
         super().__init__()
         self.pre_norm = config.norm_placement == "pre"
         self.attention = SineBertAttention(config, layer_idx)
-        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = SineBertMLP(config)
-        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
@@ -474,7 +474,8 @@ class SineBertPreTrainedModel(PreTrainedModel):
             qkv, out = mimetic_attention_weights(self.config.hidden_size, self.config.num_attention_heads)
             for projection, weight in zip(projections, (qkv, out)):
                 init.copy_(projection.weight, weight)  # init.* leave loaded tensors alone
-                init.zeros_(projection.bias)
+                if projection.bias is not None:
+                    init.zeros_(projection.bias)
 
 
 # Trockman and Kolter (2023): the query-key and value-output products of attention layers of trained transformers
@@ -514,9 +515,8 @@ class SineBertModel(SineBertPreTrainedModel):
         self.embeddings = SineBertEmbeddings(config)
         self.layers = nn.ModuleList([SineBertLayer(config, i) for i in range(config.num_hidden_layers)])
         # Pre-LN leaves the residual stream unnormalised; the final LayerNorm gives heads a normalised input.
-        self.final_norm = (
-            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_placement == "pre" else None
-        )
+        pre = config.norm_placement == "pre"
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias) if pre else None
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -610,9 +610,9 @@ class SineBertPredictionHead(nn.Module):
 
     def __init__(self, config: SineBertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
         self.act = ACT2FN[config.hidden_act]
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.act(self.dense(hidden_states)))

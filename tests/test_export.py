@@ -23,7 +23,8 @@ HEADS = [SineBertModel, SineBertForMaskedLM, SineBertForSequenceClassification, 
 # The QA script's defaults (letter case, cross-segment matches) and long-input layers: each changes the graph.
 VARIANTS = {"default": {}, "qa features": {"letter_case": True, "cross_segment_match": True},
             "sliding window": {"sliding_window": 4, "global_attn_every_n_layers": 2, "global_attention_positions": [0]},
-            "rotary positions": {"position_embedding_type": "rotary"}, "GLU feed-forward": {"mlp_type": "glu"}}
+            "rotary positions": {"position_embedding_type": "rotary"}, "GLU feed-forward": {"mlp_type": "glu"},
+            "no biases": {"bias": False, "norm_placement": "pre"}}
 
 
 def padded_batches(config):

@@ -263,6 +263,35 @@ def test_glu_masked_only_training_step_matches_the_reference_with_gradients():
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_a_model_without_biases_has_none_in_its_encoder_and_its_fast_path_matches_the_reference(tmp_path):
+    """bias=False (as ModernBERT): the encoder's linear layers and LayerNorms and the masked-LM transform have no bias,
+    the decoder keeps its own; the padding-free training step, with rotary positions, the length buckets and the last
+    layer's masked rows, equals the eager reference with gradients, and the model round-trips."""
+    eager, fast = _model_pair(SineBertForMaskedLM, bias=False, sparse_prediction=True, position_embedding_type="rotary",
+                              norm_placement="pre")
+    biases = [name for name, _ in fast.named_parameters() if name.endswith("bias")]
+    assert biases == ["decoder.bias"]
+    inputs = _inputs(batch=3, seq=10)
+    inputs["attention_mask"][0, 4:] = 0
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[:, 1::3] = inputs["input_ids"][:, 1::3]
+    labels[inputs["attention_mask"] == 0] = -100
+    losses = []
+    for model in (eager, fast):
+        model.train()
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), fast.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    fast.save_pretrained(tmp_path)
+    loaded = SineBertForMaskedLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.bias is False and loaded.sinebert.layers[0].mlp.fc1.bias is None
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**inputs).logits, fast.eval()(**inputs).logits)
+
+
 def test_attention_float32_matches_numpy_and_empty_rows_are_zero():
     config = tiny_config()
     config._attn_implementation = "sdpa"
@@ -1032,6 +1061,7 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
         (dict(position_embedding_type="rotary", rope_theta=1.0), "rope_theta"),
         (dict(hidden_act="swishy"), "swishy"),
         (dict(mlp_type="swiglu"), "swiglu"),
+        (dict(bias="no"), "bias must be true or false"),
         (dict(num_hidden_layers=0), "num_hidden_layers"),
         (dict(vocab_size=-5), "-5"),
         (dict(intermediate_size=0), "intermediate_size"),

@@ -250,12 +250,13 @@ def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(text_co
     load_script("pretrain").main([str(a) for a in [
         *data(text_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,
         "--max_train_steps", 2, "--max_eval_samples", 8, "--sliding_window", 4, "--global_attn_every_n_layers", 2,
-        "--global_attention_positions", 0, "--mlp_type", "glu", "--output_dir", out]])
+        "--global_attention_positions", 0, "--mlp_type", "glu", "--no_bias", "--output_dir", out]])
     kernels = json.loads((out / "all_results.json").read_text())["attention_kernels"]
     assert kernels == ["full_attention via sdpa", "sliding_attention(window=4, global=[0]) via local_blocked"]
     config = json.loads((out / "config.json").read_text())
     assert config["sliding_window"] == 4 and config["global_attention_positions"] == [0]
     assert config["mlp_type"] == "glu" and "FFN 128 (GLU)" in (out / "README.md").read_text()
+    assert config["bias"] is False
 
     # --sliding_window 0 takes a checkpoint pretrained with a window back to full attention; dropout flags apply
     # over a checkpoint too.

@@ -17,7 +17,7 @@ from .arguments import read_config_file
 from .errors import UserError, one_line
 
 SIZE_FLAGS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "norm_placement",
-              "scale_embeddings", "hidden_act", "mlp_type", "attention_init", "position_embedding_type")
+              "scale_embeddings", "hidden_act", "mlp_type", "bias", "attention_init", "position_embedding_type")
 # Dropout is a training choice, not part of what a checkpoint learned: it applies over a checkpoint as well (the CPU
 # cram pretrains without dropout and fine-tunes with it).
 DROPOUT_FLAGS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
@@ -41,6 +41,8 @@ def add_size_arguments(parser):
     group.add_argument("--hidden_act")
     group.add_argument("--mlp_type", choices=MLP_TYPES,
                        help="glu: a gated feed-forward layer, as ModernBERT's (SineBertConfig).")
+    group.add_argument("--no_bias", dest="bias", action="store_false", default=None,
+                       help="No biases in the encoder's linear layers and LayerNorms, as ModernBERT (SineBertConfig).")
     group.add_argument("--scale_embeddings", action="store_true", default=None)
     group.add_argument("--attention_init", choices=ATTENTION_INITS,
                        help="mimetic: attention starts by attending to similar and nearby tokens (SineBertConfig).")
