@@ -6,16 +6,16 @@
     python benchmarks/per_step_learning.py --hidden 256 --contenders rotary --learning_rate 2e-3   # another peak
     python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # a minute
 
-By default sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and
-with the sinusoids added to the embeddings instead, and transformers' ModernBERT as benchmarks/speed.py builds it;
-`--contenders` adds sinebert with a GLU feed-forward of the same FLOPs (time_to_accuracy.py's), sinebert with the
-standard or the mimetic attention initialisation whatever the recipe's (`normal_init`, `mimetic_init`), sinebert with
-token dropping as speed.py runs it, keeping a random share of the unmasked tokens or those of the highest running loss
-(`token_dropping_policy`). Each at 4 layers of `--hidden` width (4 heads, feed-forward 4 x hidden), from scratch on
-the cram's pretraining text: the same batches and masks in the same order (benchmarks/time_to_accuracy.py's), the
-cram's optimizer and its schedule (warmup, then linear decay to 0) over `--steps` steps. Held-out accuracy on the
-cram's held-out lines every quarter of the steps; seconds per step beside it (the models run one after another, so
-those are noisier than speed.py's).
+By default sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and with the
+sinusoids added to the embeddings instead, and transformers' ModernBERT as benchmarks/speed.py builds it; `--contenders`
+adds sinebert with a GLU feed-forward of the same FLOPs (time_to_accuracy.py's), sinebert with the standard or the
+mimetic attention initialisation whatever the recipe's (`normal_init`, `mimetic_init`), sinebert with token dropping as
+speed.py runs it, keeping a random share of the unmasked tokens or those of the highest running loss
+(`token_dropping_policy`), and sinebert without biases (`no_bias`). Each at 4 layers of `--hidden` width (4 heads,
+feed-forward 4 x hidden), from scratch on the cram's pretraining text: the same batches and masks in the same order
+(benchmarks/time_to_accuracy.py's), the cram's optimizer and its schedule (warmup, then linear decay to 0) over
+`--steps` steps. Held-out accuracy on the cram's held-out lines every quarter of the steps; seconds per step beside it
+(the models run one after another, so those are noisier than speed.py's).
 Writes benchmarks/results/per_step_learning.{json,md}.
 """
 
@@ -46,6 +46,8 @@ CONTENDERS = {
     "modernbert": ("ModernBERT", "modernbert", {}),
     "dropping": ("sinebert, token dropping (random)", "sinebert_dropping", {"token_dropping_policy": "random"}),
     "dropping_loss": ("sinebert, token dropping (by loss)", "sinebert_dropping", {"token_dropping_policy": "loss"}),
+    "no_bias": ("sinebert, rotary positions, no biases", "sinebert",
+                {"position_embedding_type": "rotary", "bias": False}),
 }
 DEFAULT_CONTENDERS = ("rotary", "absolute", "modernbert")
 QUARTERS = 4

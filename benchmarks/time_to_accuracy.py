@@ -8,15 +8,15 @@
 The question of issue 32: does sinebert reach, in half the time, the held-out masked-token accuracy that ModernBERT
 reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
 sinebert with a GLU feed-forward of the same FLOPs (`mlp_type="glu"`, width 2/3 of the recipe's, as ModernBERT's) and,
-if asked, sinebert with token dropping or with the mimetic attention initialisation (`sinebert_mimetic_init`, the
-recipe's before 2026-12-04) get half as many. Every model has the same size as the cram's (hidden 256, 4 layers,
-vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same order with the same masks,
-and trains with the cram's optimizer settings (AdamW, peak learning rate 1e-3 or `--learning_rate` for every model,
-betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs on
-each model's own training clock, so each model's learning rate reaches 0 exactly when its budget is spent, on whatever
-machine. The models take turns: the one that has used the smallest share of its budget steps next, so a slow minute of a
-shared host falls on all of them alike. Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on
-the clock.
+if asked, sinebert with token dropping, with the mimetic attention initialisation (`sinebert_mimetic_init`, the recipe's
+before 2026-12-04) or without biases (`sinebert_no_bias`) get half as many. Every model has the same size as the cram's
+(hidden 256, 4 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same
+order with the same masks, and trains with the cram's optimizer settings (AdamW, peak learning rate 1e-3 or
+`--learning_rate` for every model, betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear
+decay to 0). The schedule runs on each model's own training clock, so each model's learning rate reaches 0 exactly when
+its budget is spent, on whatever machine. The models take turns: the one that has used the smallest share of its budget
+steps next, so a slow minute of a shared host falls on all of them alike. Evaluation (on 256 blocks of the cram's
+held-out lines, fixed masks) is not on the clock.
 
 sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT
 is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's feed-forward),
@@ -58,7 +58,8 @@ EVAL_BLOCKS, EVALUATIONS = 256, 10
 CONTENDERS = (("modernbert", "ModernBERT", 1.0), ("sinebert", "sinebert", 0.5),
               ("sinebert_glu", "sinebert, GLU feed-forward", 0.5),
               ("sinebert_dropping", "sinebert, token dropping", 0.5),
-              ("sinebert_mimetic_init", "sinebert, mimetic attention init", 0.5))
+              ("sinebert_mimetic_init", "sinebert, mimetic attention init", 0.5),
+              ("sinebert_no_bias", "sinebert, no biases", 0.5))
 DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 # Three layers: token dropping leaves out the first and the last.
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
@@ -141,13 +142,14 @@ def modernbert_attention(precision: str) -> str:
 def build(name: str, vocab: int, dims: dict, precision: str, attention: str = "sdpa", **overrides) -> torch.nn.Module:
     """ModernBERT (`name` "modernbert", under `attention`) or sinebert with the cram's pretraining settings, token
     dropping for "sinebert_dropping", a GLU feed-forward for "sinebert_glu", the mimetic attention initialisation
-    for "sinebert_mimetic_init" (the recipe's before 2026-12-04), and `overrides` of them."""
+    for "sinebert_mimetic_init" (the recipe's before 2026-12-04), no biases for "sinebert_no_bias", and `overrides`
+    of them."""
     torch.manual_seed(0)
     if name == "modernbert":
         config = speed.modernbert_config(dims, attention, vocab)
         return speed.ModernBertForMaskedLM(config).to(speed.DEVICE)
     extra = {"sinebert_dropping": speed.TOKEN_DROPPING, "sinebert_glu": glu_settings(dims),
-             "sinebert_mimetic_init": {"attention_init": "mimetic"}}.get(name, {})
+             "sinebert_mimetic_init": {"attention_init": "mimetic"}, "sinebert_no_bias": {"bias": False}}.get(name, {})
     config = SineBertConfig(**dims | speed.pretraining_settings() | extra | overrides, vocab_size=vocab,
                             max_position_embeddings=512)
     return SineBertForMaskedLM(config).to(speed.DEVICE)

@@ -108,6 +108,14 @@ def test_the_glu_contender_has_the_feed_forward_flops_of_the_recipe():
     assert abs(mlp.fc1.weight.numel() + mlp.fc2.weight.numel() - plain) / plain < 0.02
 
 
+def test_the_no_bias_contender_is_the_recipe_without_biases_but_the_decoders():
+    tta = load_benchmark()
+    dims = tta.speed.SIZES["small"]
+    plain, bare = (tta.build(name, 500, dims, "fp32") for name in ("sinebert", "sinebert_no_bias"))
+    assert [name for name, _ in bare.named_parameters() if name.endswith("bias")] == ["decoder.bias"]
+    assert {k: v for k, v in bare.config.to_diff_dict().items() if k != "bias"} == plain.config.to_diff_dict()
+
+
 def test_time_to_accuracy_refuses_a_race_without_modernbert(capsys):
     tta = load_benchmark()
     with pytest.raises(SystemExit) as exit_info:
