@@ -115,13 +115,13 @@ class AttentionBucket(NamedTuple):
     mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
     slots: torch.Tensor  # (its rows,) the place of each of the bucket's rows in the grid's q_seq columns, flattened
     # Kernels that read strided heads (SDPA) take the grid's whole rows, which gather fastest; the matmul kernel needs
-    # each head contiguous, which one gather of rows of head_dim lays out: `heads` is then the row, in the fused
+    # each head contiguous, which one gather of rows of head_dim lays out: `head_rows` is then the row, in the fused
     # projection `(rows, 3 * heads * head_dim)` viewed as `(rows * 3 * heads, head_dim)`, of each head's query at the
     # grid's first q_seq columns and of its key and its value at every place, in (batch, heads, columns) order; and
     # `head_slots` `(its rows * heads,)` the row of each of the bucket's rows and heads in the output `(batch, heads,
     # q_seq, head_dim)` viewed as `(-1, head_dim)`. (On SST-2 in bf16 a third of the time of gathering whole rows
     # and copying each head out; in fp32 twice the time of gathering whole rows.)
-    heads: torch.Tensor
+    head_rows: torch.Tensor
     head_slots: torch.Tensor
 
 
@@ -133,7 +133,7 @@ def attention_buckets(
     attention work, sum(batch * q_seq * k_seq), plus BUCKET_COST per bucket smallest; each bucket's keys are its
     longest rounded up to a multiple of `key_multiple`. Sequences without tokens join no bucket. Every tensor is
     made from `on_device` on its device: a copy of the list there would wait for the device as a read does. `heads`:
-    the attention heads, whose rows `heads` and `head_slots` index."""
+    the attention heads, whose rows `head_rows` and `head_slots` index."""
     lengths = [n for n in on_host if n]
     if not lengths:
         return ()
@@ -387,7 +387,7 @@ def _gather_rows(qkv: torch.Tensor, bucket: AttentionBucket, heads: int, head_di
 def _gather_heads(qkv: torch.Tensor, bucket: AttentionBucket, heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
     """The same as `_gather_rows`, each head contiguous: one gather of rows of head_dim."""
     batch, k_seq = bucket.grid.shape
-    gathered = qkv.view(-1, head_dim).index_select(0, bucket.heads)  # (queries + 2 * batch * heads * k_seq, head_dim)
+    gathered = qkv.view(-1, head_dim).index_select(0, bucket.head_rows)  # (queries + 2 * batch * heads * k_seq, hd)
     queries = batch * heads * bucket.q_seq
     key, value = gathered[queries:].view(2, batch, heads, k_seq, head_dim).unbind(0)
     return gathered[:queries].view(batch, heads, bucket.q_seq, head_dim), key, value

@@ -113,7 +113,8 @@ def test_the_no_bias_contender_is_the_recipe_without_biases_but_the_decoders():
     dims = tta.speed.SIZES["small"]
     plain, bare = (tta.build(name, 500, dims, "fp32") for name in ("sinebert", "sinebert_no_bias"))
     assert [name for name, _ in bare.named_parameters() if name.endswith("bias")] == ["decoder.bias"]
-    assert {k: v for k, v in bare.config.to_diff_dict().items() if k != "bias"} == plain.config.to_diff_dict()
+    assert bare.config.bias is False and plain.config.bias is True
+    assert {**bare.config.to_diff_dict(), "bias": True} == plain.config.to_diff_dict()  # nothing else differs
 
 
 def test_time_to_accuracy_refuses_a_race_without_modernbert(capsys):
