@@ -244,9 +244,10 @@ def test_glu_feed_forward_matches_numpy_and_round_trips(tmp_path):
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
-def test_glu_masked_only_training_step_matches_the_reference_with_gradients():
-    """The padding-free path with the last layer computing only the masked rows, through a gated feed-forward."""
-    eager, fast = _model_pair(SineBertForMaskedLM, mlp_type="glu", sparse_prediction=True)
+def _masked_step_against_the_reference(**overrides):
+    """A masked-LM training step of the eager reference and of the padding-free path with the last layer computing
+    only the masked rows, from the same weights: the losses and every gradient must agree. Returns the fast model."""
+    eager, fast = _model_pair(SineBertForMaskedLM, sparse_prediction=True, **overrides)
     inputs = _inputs(batch=3, seq=10)
     inputs["attention_mask"][0, 4:] = 0
     labels = torch.full_like(inputs["input_ids"], -100)
@@ -261,33 +262,24 @@ def test_glu_masked_only_training_step_matches_the_reference_with_gradients():
     torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
     for (name, p), q in zip(eager.named_parameters(), fast.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    return fast
+
+
+def test_glu_masked_only_training_step_matches_the_reference_with_gradients():
+    """The padding-free path with the last layer computing only the masked rows, through a gated feed-forward."""
+    _masked_step_against_the_reference(mlp_type="glu")
 
 
 def test_a_model_without_biases_has_none_in_its_encoder_and_its_fast_path_matches_the_reference(tmp_path):
     """bias=False (as ModernBERT): the encoder's linear layers and LayerNorms and the masked-LM transform have no bias,
     the decoder keeps its own; the padding-free training step, with rotary positions, the length buckets and the last
     layer's masked rows, equals the eager reference with gradients, and the model round-trips."""
-    eager, fast = _model_pair(SineBertForMaskedLM, bias=False, sparse_prediction=True, position_embedding_type="rotary",
-                              norm_placement="pre")
-    biases = [name for name, _ in fast.named_parameters() if name.endswith("bias")]
-    assert biases == ["decoder.bias"]
-    inputs = _inputs(batch=3, seq=10)
-    inputs["attention_mask"][0, 4:] = 0
-    labels = torch.full_like(inputs["input_ids"], -100)
-    labels[:, 1::3] = inputs["input_ids"][:, 1::3]
-    labels[inputs["attention_mask"] == 0] = -100
-    losses = []
-    for model in (eager, fast):
-        model.train()
-        loss = model(**inputs, labels=labels).loss
-        loss.backward()
-        losses.append(loss)
-    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
-    for (name, p), q in zip(eager.named_parameters(), fast.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    fast = _masked_step_against_the_reference(bias=False, position_embedding_type="rotary", norm_placement="pre")
+    assert [name for name, _ in fast.named_parameters() if name.endswith("bias")] == ["decoder.bias"]
     fast.save_pretrained(tmp_path)
     loaded = SineBertForMaskedLM.from_pretrained(tmp_path).eval()
     assert loaded.config.bias is False and loaded.sinebert.layers[0].mlp.fc1.bias is None
+    inputs = _inputs(batch=3, seq=10)
     with torch.no_grad():
         torch.testing.assert_close(loaded(**inputs).logits, fast.eval()(**inputs).logits)
 
