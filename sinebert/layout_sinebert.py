@@ -126,7 +126,7 @@ class AttentionBucket(NamedTuple):
 
 
 def attention_buckets(
-    on_device: torch.Tensor, on_host: list[int], key_multiple: int = 1, heads: int = 1
+    on_device: torch.Tensor, on_host: list[int], heads: int, key_multiple: int = 1
 ) -> tuple[AttentionBucket, ...]:
     """Splits sequences of lengths `on_device` `(batch,)` (longest first; their rows follow one another in that
     order; `on_host` the same as a list) into at most MAX_BUCKETS runs of equal count, as many as make the padded
@@ -151,6 +151,7 @@ def attention_buckets(
     splits = [runs(count) for count in range(1, MAX_BUCKETS + 1)]
     costs = [cost(split) for split in splits]  # (not min(key=...), which torch.compile warns about)
     buckets, start, first = [], 0, 0  # (first: the run's first sequence)
+    head = torch.arange(heads, device=on_device.device)
     for run in splits[costs.index(min(costs))]:
         # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
         # were added to the embeddings), so where the padding was (left or right) does not matter.
@@ -161,8 +162,7 @@ def attention_buckets(
         grid = torch.where(real, starts + columns, start)
         mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
         row, column = torch.nonzero_static(real[:, : run[0]], size=sum(run)).unbind(1)  # (its rows,) each
-        head = torch.arange(heads, device=on_device.device)
-        head_rows = torch.cat([_head_rows(grid[:, : run[0]], 0, heads), *(_head_rows(grid, p, heads) for p in (1, 2))])
+        head_rows = torch.cat([_head_rows(grid[:, : run[0]], 0, head), *(_head_rows(grid, p, head) for p in (1, 2))])
         head_slots = ((row[:, None] * heads + head) * run[0] + column[:, None]).flatten()  # (its rows, heads)
         buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, run[0], mask, row * run[0] + column,
                                        head_rows, head_slots))
@@ -170,11 +170,11 @@ def attention_buckets(
     return tuple(buckets)
 
 
-def _head_rows(grid: torch.Tensor, part: int, heads: int) -> torch.Tensor:
+def _head_rows(grid: torch.Tensor, part: int, head: torch.Tensor) -> torch.Tensor:
     """`(batch, columns)` rows of tokens -> `(batch * heads * columns,)` rows of their part (0 query, 1 key, 2 value)
-    of each head in the fused projection viewed as `(rows * 3 * heads, head_dim)`, in (batch, heads, columns) order."""
-    head = torch.arange(heads, device=grid.device)[:, None]  # (heads, 1)
-    return ((grid[:, None] * 3 + part) * heads + head).flatten()
+    of each head (`head`: `arange(heads)`) in the fused projection viewed as `(rows * 3 * heads, head_dim)`, in (batch,
+    heads, columns) order."""
+    return ((grid[:, None] * 3 + part) * len(head) + head[:, None]).flatten()
 
 
 class Packing(NamedTuple):
@@ -206,8 +206,8 @@ class TokenRows(NamedTuple):
 
     @classmethod
     def from_mask(
-        cls, attention_mask: torch.Tensor, key_multiple: int = 1, row_multiple: int = 1, packed: bool = False,
-        lengths: list[int] | None = None, heads: int = 1,
+        cls, attention_mask: torch.Tensor, heads: int, key_multiple: int = 1, row_multiple: int = 1,
+        packed: bool = False, lengths: list[int] | None = None,
     ) -> "TokenRows":
         """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
         `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS; `packed`: the sequences'
@@ -224,7 +224,7 @@ class TokenRows(NamedTuple):
         fillers = -n_real % row_multiple if n_real >= FILLED_MIN_ROWS else 0
         rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
         if not packed:
-            return cls(layout, attention_buckets(sorted_lengths, on_host, key_multiple, heads), rows)
+            return cls(layout, attention_buckets(sorted_lengths, on_host, heads, key_multiple), rows)
         nonempty = sorted_lengths[: sum(1 for n in on_host if n)]  # sequences without tokens left out
         cu_seq_lens = torch.nn.functional.pad(nonempty.cumsum(0), (1, 0)).to(torch.int32)
         return cls(layout, (), rows, Packing(cu_seq_lens, on_host[0] if on_host else 0))
@@ -483,8 +483,8 @@ class TokenLayout:
         self.tokens = None
         if self.packed or fast and self.masks["full_attention"] is not None:
             real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
-            self.tokens = TokenRows.from_mask(real, *multiples, packed=self.packed, lengths=lengths,
-                                              heads=config.num_attention_heads)
+            self.tokens = TokenRows.from_mask(real, config.num_attention_heads, *multiples, packed=self.packed,
+                                              lengths=lengths)
         self.queries = self.output_mask = None
         if output_mask is not None:
             counts = _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read "
@@ -530,8 +530,8 @@ class TokenLayout:
         self.dropping, self.kept = tuple(config.token_dropping_range), kept
         self.kept_rows = self.kept_index = None  # under the reference the kept tokens are a mask
         if multiples is not None:
-            self.kept_rows = TokenRows.from_mask(kept, *multiples, packed=self.packed, lengths=counts,
-                                                 heads=config.num_attention_heads)
+            self.kept_rows = TokenRows.from_mask(kept, config.num_attention_heads, *multiples, packed=self.packed,
+                                                 lengths=counts)
             rows = self.kept_rows.rows
             self.kept_index = rows if self.tokens is None else self.tokens.rows_of(rows)  # (n_kept + fillers,)
 

@@ -486,7 +486,7 @@ def test_last_layer_computes_only_the_rows_the_head_reads_and_matches_the_refere
 
 
 def buckets(lengths: list[int], key_multiple: int = 1, heads: int = 1):
-    return attention_buckets(torch.tensor(lengths, dtype=torch.long), lengths, key_multiple, heads)
+    return attention_buckets(torch.tensor(lengths, dtype=torch.long), lengths, heads, key_multiple)
 
 
 def test_attention_buckets_split_a_batch_only_where_it_saves_more_than_a_kernel_call():
@@ -536,9 +536,9 @@ def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
 
 def test_filler_rows_round_large_batches_up_and_are_dropped_when_the_batch_is_padded_again(monkeypatch):
     mask = (torch.arange(10) < torch.tensor([7, 3, 10])[:, None]).long()
-    assert len(TokenRows.from_mask(mask, row_multiple=8).rows) == 20  # too few rows to pay for fillers
+    assert len(TokenRows.from_mask(mask, 1, row_multiple=8).rows) == 20  # too few rows to pay for fillers
     monkeypatch.setattr("sinebert.layout_sinebert.FILLED_MIN_ROWS", 20)
-    unpadded = TokenRows.from_mask(mask, row_multiple=8)
+    unpadded = TokenRows.from_mask(mask, 1, row_multiple=8)
     assert unpadded.n_real == 20 and len(unpadded.rows) == 24
     assert unpadded.rows[20:].tolist() == [unpadded.rows[0].item()] * 4  # copies of the first row
     values = torch.arange(30, dtype=torch.float).view(3, 10, 1)
@@ -562,8 +562,8 @@ def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls
     mask = (torch.arange(96) < lengths[:, None]).long()
     mask[1] = mask[1].flip(0)  # left padding
     ids = torch.randint(5, 99, mask.shape, generator=torch.Generator().manual_seed(3))
-    assert len(TokenRows.from_mask(mask).buckets) > 1
-    assert len(TokenRows.from_mask(mask, key_multiple, row_multiple).rows) > mask.sum() or row_multiple == 1  # fillers
+    assert len(TokenRows.from_mask(mask, 1).buckets) > 1
+    assert len(TokenRows.from_mask(mask, 1, key_multiple, row_multiple).rows) > mask.sum() or row_multiple == 1  # fillers
     inputs = {"input_ids": ids, "attention_mask": mask}
     if cls is SineBertForMaskedLM:
         chosen = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(4)) < 0.2) & mask.bool()

@@ -139,7 +139,7 @@ def test_training_with_attention_dropout_runs_the_buckets_and_says_so(varlen_on_
 
 def test_packing_knows_each_sequence_boundary_and_the_longest():
     mask = (torch.arange(10) < torch.tensor([4, 0, 10, 7])[:, None]).long()
-    rows = TokenRows.from_mask(mask, packed=True)
+    rows = TokenRows.from_mask(mask, 1, packed=True)
     assert rows.buckets == () and rows.packing.max_length == 10
     assert rows.packing.cu_seq_lens.tolist() == [0, 10, 17, 21] and rows.packing.cu_seq_lens.dtype == torch.int32
     assert rows.layout.slots[:10].tolist() == list(range(20, 30))  # the longest sequence (row 2) first
