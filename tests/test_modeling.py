@@ -563,7 +563,8 @@ def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls
     mask[1] = mask[1].flip(0)  # left padding
     ids = torch.randint(5, 99, mask.shape, generator=torch.Generator().manual_seed(3))
     assert len(TokenRows.from_mask(mask, 1).buckets) > 1
-    assert len(TokenRows.from_mask(mask, 1, key_multiple, row_multiple).rows) > mask.sum() or row_multiple == 1  # fillers
+    filled = TokenRows.from_mask(mask, 1, key_multiple, row_multiple)
+    assert len(filled.rows) > mask.sum() or row_multiple == 1  # fillers
     inputs = {"input_ids": ids, "attention_mask": mask}
     if cls is SineBertForMaskedLM:
         chosen = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(4)) < 0.2) & mask.bool()
