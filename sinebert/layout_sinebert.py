@@ -15,6 +15,7 @@ rows of a batch depend on its values and an exported graph may depend only on it
 """
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -114,26 +115,29 @@ class AttentionBucket(NamedTuple):
     q_seq: int
     mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
     slots: torch.Tensor  # (its rows,) the place of each of the bucket's rows in the grid's q_seq columns, flattened
-    # Kernels that read strided heads (SDPA) take the grid's whole rows, which gather fastest; the matmul kernel needs
-    # each head contiguous, which one gather of rows of head_dim lays out: `head_rows` is then the row, in the fused
-    # projection `(rows, 3 * heads * head_dim)` viewed as `(rows * 3 * heads, head_dim)`, of each head's query at the
-    # grid's first q_seq columns and of its key and its value at every place, in (batch, heads, columns) order; and
-    # `head_slots` `(its rows * heads,)` the row of each of the bucket's rows and heads in the output `(batch, heads,
-    # q_seq, head_dim)` viewed as `(-1, head_dim)`. (On SST-2 in bf16 a third of the time of gathering whole rows
-    # and copying each head out; in fp32 twice the time of gathering whole rows.)
-    head_rows: torch.Tensor
-    head_slots: torch.Tensor
+    # Kernels that read strided heads (SDPA) take the grid's whole rows, which gather fastest: then both are None.
+    # The matmul kernel needs each head contiguous, which one gather of rows of head_dim lays out: `head_rows` is the
+    # row, in the fused projection `(rows, 3 * heads * head_dim)` viewed as `(rows * 3 * heads, head_dim)`, of each
+    # head's query at the grid's first q_seq columns and of its key and its value at every place, in (batch, heads,
+    # columns) order; and `head_slots` `(its rows * heads,)` the row of each of the bucket's rows and heads in the
+    # output `(batch, heads, q_seq, head_dim)` viewed as `(-1, head_dim)`. (On SST-2 in bf16 a third of the time of
+    # gathering whole rows and copying each head out; in fp32 twice the time of gathering whole rows.)
+    head_rows: torch.Tensor | None
+    head_slots: torch.Tensor | None
 
 
 def attention_buckets(
-    on_device: torch.Tensor, on_host: list[int], heads: int, key_multiple: int = 1
+    on_device: torch.Tensor, on_host: list[int], heads: int, key_multiple: int = 1,
+    per_head: Callable[[int], bool] | None = None,
 ) -> tuple[AttentionBucket, ...]:
     """Splits sequences of lengths `on_device` `(batch,)` (longest first; their rows follow one another in that
     order; `on_host` the same as a list) into at most MAX_BUCKETS runs of equal count, as many as make the padded
     attention work, sum(batch * q_seq * k_seq), plus BUCKET_COST per bucket smallest; each bucket's keys are its
     longest rounded up to a multiple of `key_multiple`. Sequences without tokens join no bucket. Every tensor is
     made from `on_device` on its device: a copy of the list there would wait for the device as a read does. `heads`:
-    the attention heads, whose rows `head_rows` and `head_slots` index."""
+    the attention heads; `per_head`: whether the kernel of a bucket with so many scores (batch * heads * q_seq *
+    k_seq) reads each head contiguous (`per_head_kernel`), which gives that bucket `head_rows` and `head_slots`
+    (None: no bucket's does)."""
     lengths = [n for n in on_host if n]
     if not lengths:
         return ()
@@ -162,8 +166,10 @@ def attention_buckets(
         grid = torch.where(real, starts + columns, start)
         mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
         row, column = torch.nonzero_static(real[:, : run[0]], size=sum(run)).unbind(1)  # (its rows,) each
-        head_rows = torch.cat([_head_rows(grid[:, : run[0]], 0, head), *(_head_rows(grid, p, head) for p in (1, 2))])
-        head_slots = ((row[:, None] * heads + head) * run[0] + column[:, None]).flatten()  # (its rows, heads)
+        head_rows = head_slots = None
+        if per_head is not None and per_head(len(run) * heads * run[0] * keys(run)):
+            head_rows = torch.cat([_head_rows(grid[:, : run[0]], 0, head), *(_head_rows(grid, p, head) for p in (1, 2))])
+            head_slots = ((row[:, None] * heads + head) * run[0] + column[:, None]).flatten()  # (its rows, heads)
         buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, run[0], mask, row * run[0] + column,
                                        head_rows, head_slots))
         start, first = start + sum(run), first + len(run)
@@ -207,12 +213,13 @@ class TokenRows(NamedTuple):
     @classmethod
     def from_mask(
         cls, attention_mask: torch.Tensor, heads: int, key_multiple: int = 1, row_multiple: int = 1,
-        packed: bool = False, lengths: list[int] | None = None,
+        packed: bool = False, lengths: list[int] | None = None, per_head: Callable[[int], bool] | None = None,
     ) -> "TokenRows":
         """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
         `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS; `packed`: the sequences'
         boundaries instead of buckets; `lengths`: each row's count of True places where the caller has read them
-        (else they are read here: every size below comes from that one read); `heads`: the attention heads."""
+        (else they are read here: every size below comes from that one read); `heads` and `per_head`: as
+        `attention_buckets` takes them."""
         real = attention_mask.bool()
         counts = real.sum(1)  # (batch,)
         order = torch.argsort(counts, descending=True, stable=True)
@@ -224,7 +231,7 @@ class TokenRows(NamedTuple):
         fillers = -n_real % row_multiple if n_real >= FILLED_MIN_ROWS else 0
         rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
         if not packed:
-            return cls(layout, attention_buckets(sorted_lengths, on_host, heads, key_multiple), rows)
+            return cls(layout, attention_buckets(sorted_lengths, on_host, heads, key_multiple, per_head), rows)
         nonempty = sorted_lengths[: sum(1 for n in on_host if n)]  # sequences without tokens left out
         cu_seq_lens = torch.nn.functional.pad(nonempty.cumsum(0), (1, 0)).to(torch.int32)
         return cls(layout, (), rows, Packing(cu_seq_lens, on_host[0] if on_host else 0))
@@ -339,8 +346,8 @@ class LayerRows(NamedTuple):
         heads, head_dim = attention.num_heads, attention.head_dim
         parts = []
         for bucket in self.tokens.buckets:
-            batch, k_seq = bucket.grid.shape
-            per_head = attention.kernel_name(qkv.device, qkv.dtype, batch * heads * bucket.q_seq * k_seq) == "matmul"
+            batch = len(bucket.grid)
+            per_head = bucket.head_rows is not None  # (the layout asked the kernel for the bucket's size)
             query, key, value = (_gather_heads if per_head else _gather_rows)(qkv, bucket, heads, head_dim)
             attended, _ = attention.attend(  # every sequence of a bucket has a token, which every query sees
                 query, key, value, bucket.mask, output_attentions, every_query_has_a_key=True
@@ -453,6 +460,12 @@ def unpadded_multiples(attn_implementation: str, device: torch.device, dtype: to
     return MATMUL_KEY_MULTIPLE if matmul else 1, CPU_BF16_ROW_MULTIPLE
 
 
+def per_head_kernel(attn_implementation: str, device: torch.device, dtype: torch.dtype) -> Callable[[int], bool]:
+    """`per_head` of `attention_buckets` for layers computing in `dtype` on `device`: whether full attention over so
+    many scores runs the matmul kernel, which reads each head contiguous."""
+    return lambda scores: full_attention_kernel(attn_implementation, device, dtype, scores) == "matmul"
+
+
 class TokenLayout:
     """Everything a forward pass decides about its rows, once: the attention masks of the padded batch (keyed by
     layer type, as transformers keys them), the rows of the real tokens, the rows of token dropping's layers and the
@@ -473,6 +486,7 @@ class TokenLayout:
             self.position_grid = grid.expand(shape)
         fast = config._attn_implementation != "eager" and not is_tracing()
         multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
+        self.per_head = per_head_kernel(config._attn_implementation, device, dtype)
         # Each row's count of real tokens: the one read of the attention mask, for the padding mask and the rows.
         lengths = [shape[1]] * shape[0] if attention_mask is None else None
         if attention_mask is not None and attention_mask.dim() == 2 and not is_tracing():
@@ -484,7 +498,7 @@ class TokenLayout:
         if self.packed or fast and self.masks["full_attention"] is not None:
             real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
             self.tokens = TokenRows.from_mask(real, config.num_attention_heads, *multiples, packed=self.packed,
-                                              lengths=lengths)
+                                              lengths=lengths, per_head=self.per_head)
         self.queries = self.output_mask = None
         if output_mask is not None:
             counts = _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read "
@@ -531,7 +545,7 @@ class TokenLayout:
         self.kept_rows = self.kept_index = None  # under the reference the kept tokens are a mask
         if multiples is not None:
             self.kept_rows = TokenRows.from_mask(kept, config.num_attention_heads, *multiples, packed=self.packed,
-                                                 lengths=counts)
+                                                 lengths=counts, per_head=self.per_head)
             rows = self.kept_rows.rows
             self.kept_index = rows if self.tokens is None else self.tokens.rows_of(rows)  # (n_kept + fillers,)
 

@@ -17,6 +17,7 @@ from sinebert import (
     SineBertModel,
 )
 from sinebert.attention_sinebert import (
+    MATMUL_ATTENTION_MAX_SCORES,
     MATMUL_KEY_MULTIPLE,
     SINEBERT_ATTENTION_FUNCTIONS,
     full_attention_kernel,
@@ -31,6 +32,7 @@ from sinebert.layout_sinebert import (
     _gather_rows,
     attention_buckets,
     padding_mask,
+    per_head_kernel,
     tokens_to_keep,
     unpadded_multiples,
 )
@@ -485,8 +487,8 @@ def test_last_layer_computes_only_the_rows_the_head_reads_and_matches_the_refere
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def buckets(lengths: list[int], key_multiple: int = 1, heads: int = 1):
-    return attention_buckets(torch.tensor(lengths, dtype=torch.long), lengths, heads, key_multiple)
+def buckets(lengths: list[int], key_multiple: int = 1, heads: int = 1, per_head=None):
+    return attention_buckets(torch.tensor(lengths, dtype=torch.long), lengths, heads, key_multiple, per_head)
 
 
 def test_attention_buckets_split_a_batch_only_where_it_saves_more_than_a_kernel_call():
@@ -515,7 +517,7 @@ def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_
 
 def test_a_bucket_gathers_each_heads_queries_keys_and_values_and_puts_the_outputs_back_in_its_rows():
     heads, head_dim = 3, 2
-    ragged = buckets([100, 100, 100, 90, 5, 4, 4, 2], key_multiple=8, heads=heads)[1]
+    ragged = buckets([100, 100, 100, 90, 5, 4, 4, 2], key_multiple=8, heads=heads, per_head=lambda scores: True)[1]
     qkv = torch.randn(405, 3 * heads * head_dim)
     # Per head (for the matmul kernel): the same queries, keys and values as whole rows' strided views, contiguous.
     for ours, rows in zip(_gather_heads(qkv, ragged, heads, head_dim), _gather_rows(qkv, ragged, heads, head_dim)):
@@ -524,6 +526,18 @@ def test_a_bucket_gathers_each_heads_queries_keys_and_values_and_puts_the_output
     output = torch.randn(batch, heads, q_seq, head_dim)
     picked = output.view(-1, head_dim)[ragged.head_slots].view(-1, heads * head_dim)
     assert torch.equal(picked, output.transpose(1, 2).reshape(-1, heads * head_dim)[ragged.slots])
+
+
+def test_only_buckets_whose_kernel_reads_each_head_contiguous_get_rows_per_head():
+    """The layout asks the kernel a bucket of its size will run: the matmul kernel (bf16 on a CPU, scores up to
+    MATMUL_ATTENTION_MAX_SCORES) reads each head contiguous, SDPA reads whole rows' strided heads."""
+    cpu = torch.device("cpu")
+    matmul = per_head_kernel("sdpa", cpu, torch.bfloat16)
+    assert matmul(MATMUL_ATTENTION_MAX_SCORES) and not matmul(MATMUL_ATTENTION_MAX_SCORES + 1)
+    assert not per_head_kernel("sdpa", cpu, torch.float32)(1) and not per_head_kernel("eager", cpu, torch.bfloat16)(1)
+    long, short = buckets([100] * 4 + [5] * 4, heads=2, per_head=lambda scores: scores <= 4 * 2 * 5 * 5)
+    assert long.head_rows is None and long.head_slots is None  # 4 x 2 x 100 x 100 scores: whole rows
+    assert short.head_rows is not None and len(short.head_slots) == 2 * 20
 
 
 def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
