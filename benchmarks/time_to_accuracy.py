@@ -9,7 +9,8 @@ The question of issue 32: does sinebert reach, in half the time, the held-out ma
 reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
 sinebert with a GLU feed-forward of the same FLOPs (`mlp_type="glu"`, width 2/3 of the recipe's, as ModernBERT's) and,
 if asked, sinebert with token dropping, with the mimetic attention initialisation (`sinebert_mimetic_init`, the recipe's
-before 2026-12-04) or without biases (`sinebert_no_bias`) get half as many. Every model has the same size as the cram's
+before 2026-12-04), without biases (`sinebert_no_bias`) or trained with Muon (`sinebert_muon`, MuonAndAdamW) get half
+as many. Every model has the same size as the cram's
 (hidden 256, 4 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same
 order with the same masks, and trains with the cram's optimizer settings (AdamW, peak learning rate 1e-3 or
 `--learning_rate` for every model, betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear
@@ -59,7 +60,8 @@ CONTENDERS = (("modernbert", "ModernBERT", 1.0), ("sinebert", "sinebert", 0.5),
               ("sinebert_glu", "sinebert, GLU feed-forward", 0.5),
               ("sinebert_dropping", "sinebert, token dropping", 0.5),
               ("sinebert_mimetic_init", "sinebert, mimetic attention init", 0.5),
-              ("sinebert_no_bias", "sinebert, no biases", 0.5))
+              ("sinebert_no_bias", "sinebert, no biases", 0.5),
+              ("sinebert_muon", "sinebert, Muon", 0.5))
 DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 # Three layers: token dropping leaves out the first and the last.
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
@@ -95,12 +97,49 @@ class Contender:
     curve: list = field(default_factory=list)  # (training seconds, steps, held-out accuracy)
 
     def __post_init__(self):
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=BETAS, weight_decay=WEIGHT_DECAY,
-                                           fused=True)
+        self.optimizer = optimizer_of(self.name, self.model, self.peak)
 
     @property
     def share(self) -> float:
         return self.seconds / self.budget
+
+
+# Muon's peak as a multiple of the AdamW peak: with `adjust_lr_fn="match_rms_adamw"` an ad-hoc probe at the cram's
+# size (2026-12-05) learnt most per step at 4 x 1e-3 of the values tried (1e-3, 4e-3). Not tuned further.
+MUON_PEAK_RATIO = 4
+
+
+class MuonAndAdamW:
+    """Muon (torch.optim.Muon: momentum orthogonalised by Newton-Schulz iterations; Jordan et al., 2024) on the encoder's
+    matrices, AdamW on the rest (embeddings and the tied decoder, norms, biases), as one optimizer. Each param group
+    carries its own schedule `peak`."""
+
+    def __init__(self, model: torch.nn.Module, peak: float):
+        matrices = [p for name, p in model.named_parameters()
+                    if p.ndim == 2 and "embeddings" not in name and "decoder" not in name]
+        chosen = {id(p) for p in matrices}
+        rest = [p for p in model.parameters() if id(p) not in chosen]
+        self.muon = torch.optim.Muon([{"params": matrices, "peak": MUON_PEAK_RATIO * peak}], lr=0.0,
+                                     weight_decay=WEIGHT_DECAY, adjust_lr_fn="match_rms_adamw")
+        self.adamw = torch.optim.AdamW([{"params": rest, "peak": peak}], lr=0.0, betas=BETAS,
+                                       weight_decay=WEIGHT_DECAY, fused=True)
+        self.param_groups = self.muon.param_groups + self.adamw.param_groups
+
+    def step(self):
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.muon.zero_grad(set_to_none)
+        self.adamw.zero_grad(set_to_none)
+
+
+def optimizer_of(name: str, model: torch.nn.Module, peak: float):
+    """The cram's AdamW (every param group's schedule `peak` the contender's), or Muon with AdamW for "sinebert_muon"."""
+    if name == "sinebert_muon":
+        return MuonAndAdamW(model, peak)
+    return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak}], lr=0.0, betas=BETAS,
+                             weight_decay=WEIGHT_DECAY, fused=True)
 
 
 def next_contender(contenders: list[Contender]) -> Contender | None:
@@ -113,7 +152,7 @@ def train_step(contender: Contender, batch: dict, precision: str):
     """One clocked optimizer step at the learning rate of the share of the budget spent so far."""
     model, optimizer = contender.model, contender.optimizer
     for group in optimizer.param_groups:
-        group["lr"] = learning_rate(contender.share, contender.peak)
+        group["lr"] = learning_rate(contender.share, group["peak"])
     model.train()
     contender.seconds += speed.seconds_of(lambda: speed.train_step(model, optimizer, batch, precision, MAX_GRAD_NORM))
     contender.steps += 1
