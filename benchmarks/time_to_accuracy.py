@@ -110,9 +110,9 @@ MUON_PEAK_RATIO = 4
 
 
 class MuonAndAdamW:
-    """Muon (torch.optim.Muon: momentum orthogonalised by Newton-Schulz iterations; Jordan et al., 2024) on the encoder's
-    matrices, AdamW on the rest (embeddings and the tied decoder, norms, biases), as one optimizer. Each param group
-    carries its own schedule `peak`."""
+    """Muon (torch.optim.Muon: momentum orthogonalised by Newton-Schulz iterations; Jordan et al., 2024) on the
+    encoder's matrices, AdamW on the rest (embeddings and the tied decoder, norms, biases), as one optimizer. Each
+    param group carries its own schedule `peak`."""
 
     def __init__(self, model: torch.nn.Module, peak: float):
         matrices = [p for name, p in model.named_parameters()
@@ -135,7 +135,7 @@ class MuonAndAdamW:
 
 
 def optimizer_of(name: str, model: torch.nn.Module, peak: float):
-    """The cram's AdamW (every param group's schedule `peak` the contender's), or Muon with AdamW for "sinebert_muon"."""
+    """The cram's AdamW (its param group's schedule `peak` the contender's), or Muon and AdamW for "sinebert_muon"."""
     if name == "sinebert_muon":
         return MuonAndAdamW(model, peak)
     return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak}], lr=0.0, betas=BETAS,
