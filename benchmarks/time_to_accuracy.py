@@ -15,9 +15,9 @@ global batch 32), sees the same batches in the same order with the same masks, a
 settings (AdamW, or Muon on the encoder's matrices for `sinebert_muon`; peak learning rate 1e-3 or `--learning_rate`,
 betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs
 on each model's own training clock, so each model's learning rate reaches 0 exactly when its budget is spent, on
-whatever machine. The models take turns: the one that has used the smallest share of its budget
-steps next, so a slow minute of a shared host falls on all of them alike. Evaluation (on 256 blocks of the cram's
-held-out lines, fixed masks) is not on the clock.
+whatever machine. The models take turns: the one that has used the smallest share of its budget steps next, so a slow
+minute of a shared host falls on all of them alike. Evaluation (on 256 blocks of the cram's held-out lines, fixed
+masks) is not on the clock.
 
 sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT
 is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's feed-forward),
@@ -115,10 +115,10 @@ class MuonAndAdamW:
     param group carries its own schedule `peak`."""
 
     def __init__(self, model: torch.nn.Module, peak: float):
-        matrices = [p for name, p in model.named_parameters()
-                    if p.ndim == 2 and "embeddings" not in name and "decoder" not in name]
-        chosen = {id(p) for p in matrices}
-        rest = [p for p in model.parameters() if id(p) not in chosen]
+        matrices, rest = [], []
+        for name, p in model.named_parameters():  # (the tied decoder appears once, as the word embeddings)
+            is_matrix = p.ndim == 2 and "embeddings" not in name and "decoder" not in name
+            (matrices if is_matrix else rest).append(p)
         self.muon = torch.optim.Muon([{"params": matrices, "peak": MUON_PEAK_RATIO * peak}], lr=0.0,
                                      weight_decay=WEIGHT_DECAY, adjust_lr_fn="match_rms_adamw")
         self.adamw = torch.optim.AdamW([{"params": rest, "peak": peak}], lr=0.0, betas=BETAS,

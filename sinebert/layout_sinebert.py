@@ -155,7 +155,7 @@ def attention_buckets(
     splits = [runs(count) for count in range(1, MAX_BUCKETS + 1)]
     costs = [cost(split) for split in splits]  # (not min(key=...), which torch.compile warns about)
     buckets, start, first = [], 0, 0  # (first: the run's first sequence)
-    head = torch.arange(heads, device=on_device.device)
+    head = None  # arange(heads), made for the first bucket that reads heads
     for run in splits[costs.index(min(costs))]:
         # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
         # were added to the embeddings), so where the padding was (left or right) does not matter.
@@ -168,7 +168,9 @@ def attention_buckets(
         row, column = torch.nonzero_static(real[:, : run[0]], size=sum(run)).unbind(1)  # (its rows,) each
         head_rows = head_slots = None
         if per_head is not None and per_head(len(run) * heads * run[0] * keys(run)):
-            head_rows = torch.cat([_head_rows(grid[:, : run[0]], 0, head), *(_head_rows(grid, p, head) for p in (1, 2))])
+            head = torch.arange(heads, device=on_device.device) if head is None else head
+            queries = _head_rows(grid[:, : run[0]], 0, head)
+            head_rows = torch.cat([queries, *(_head_rows(grid, part, head) for part in (1, 2))])  # then keys, values
             head_slots = ((row[:, None] * heads + head) * run[0] + column[:, None]).flatten()  # (its rows, heads)
         buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, run[0], mask, row * run[0] + column,
                                        head_rows, head_slots))
@@ -486,7 +488,7 @@ class TokenLayout:
             self.position_grid = grid.expand(shape)
         fast = config._attn_implementation != "eager" and not is_tracing()
         multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
-        self.per_head = per_head_kernel(config._attn_implementation, device, dtype)
+        per_head = per_head_kernel(config._attn_implementation, device, dtype) if fast else None
         # Each row's count of real tokens: the one read of the attention mask, for the padding mask and the rows.
         lengths = [shape[1]] * shape[0] if attention_mask is None else None
         if attention_mask is not None and attention_mask.dim() == 2 and not is_tracing():
@@ -498,7 +500,7 @@ class TokenLayout:
         if self.packed or fast and self.masks["full_attention"] is not None:
             real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
             self.tokens = TokenRows.from_mask(real, config.num_attention_heads, *multiples, packed=self.packed,
-                                              lengths=lengths, per_head=self.per_head)
+                                              lengths=lengths, per_head=per_head)
         self.queries = self.output_mask = None
         if output_mask is not None:
             counts = _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read "
@@ -509,7 +511,7 @@ class TokenLayout:
                 self.queries = QueryRows.from_mask(output_mask, self.tokens, counts)
         self.dropping = ()  # the layers of token dropping
         if kept_tokens is not None:
-            self._drop(config, kept_tokens.bool(), attention_mask, shape, multiples)
+            self._drop(config, kept_tokens.bool(), attention_mask, shape, multiples, per_head)
         self.last_layer = config.num_hidden_layers - 1
 
     @staticmethod
@@ -528,7 +530,7 @@ class TokenLayout:
                 )
         return masks
 
-    def _drop(self, config, kept: torch.Tensor, attention_mask, shape, multiples):
+    def _drop(self, config, kept: torch.Tensor, attention_mask, shape, multiples, per_head):
         if config.token_dropping_layers is None:
             raise ValueError("kept_tokens needs config.token_dropping_layers, the layers that compute only them.")
         # Checked here, not in the config: a checkpoint pretrained with token dropping may be read with windows.
@@ -545,7 +547,7 @@ class TokenLayout:
         self.kept_rows = self.kept_index = None  # under the reference the kept tokens are a mask
         if multiples is not None:
             self.kept_rows = TokenRows.from_mask(kept, config.num_attention_heads, *multiples, packed=self.packed,
-                                                 lengths=counts, per_head=self.per_head)
+                                                 lengths=counts, per_head=per_head)
             rows = self.kept_rows.rows
             self.kept_index = rows if self.tokens is None else self.tokens.rows_of(rows)  # (n_kept + fillers,)
 

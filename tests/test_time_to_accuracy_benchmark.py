@@ -60,6 +60,7 @@ def test_the_muon_contender_steps_the_encoders_matrices_with_muon_and_the_rest_w
     model = tta.build("sinebert_muon", 500, tta.TINY, "fp32")
     contender = tta.Contender("sinebert_muon", model, budget=100.0, peak=1e-3)
     optimizer, named = contender.optimizer, dict(model.named_parameters())
+
     def stepped_by(inner) -> set[str]:
         ids = {id(p) for group in inner.param_groups for p in group["params"]}
         return {name for name, p in named.items() if id(p) in ids}
