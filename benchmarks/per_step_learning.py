@@ -11,9 +11,10 @@ sinusoids added to the embeddings instead, and transformers' ModernBERT as bench
 adds sinebert with a GLU feed-forward of the same FLOPs (time_to_accuracy.py's), sinebert with the standard or the
 mimetic attention initialisation whatever the recipe's (`normal_init`, `mimetic_init`), sinebert with token dropping as
 speed.py runs it, keeping a random share of the unmasked tokens or those of the highest running loss
-(`token_dropping_policy`), and sinebert without biases (`no_bias`). Each at 4 layers of `--hidden` width (4 heads,
-feed-forward 4 x hidden), from scratch on the cram's pretraining text: the same batches and masks in the same order
-(benchmarks/time_to_accuracy.py's), the cram's optimizer and its schedule (warmup, then linear decay to 0) over
+(`token_dropping_policy`), sinebert without biases (`no_bias`) and sinebert trained with Muon (`muon`). Each at 4
+layers of `--hidden` width (4 heads, feed-forward 4 x hidden), from scratch on the cram's pretraining text: the same
+batches and masks in the same order (benchmarks/time_to_accuracy.py's), the cram's optimizer (or time_to_accuracy.py's
+Muon) and its schedule (warmup, then linear decay to 0) over
 `--steps` steps. Held-out accuracy on the cram's held-out lines every quarter of the steps; seconds per step beside it
 (the models run one after another, so those are noisier than speed.py's).
 Writes benchmarks/results/per_step_learning.{json,md}.
@@ -48,6 +49,7 @@ CONTENDERS = {
     "dropping_loss": ("sinebert, token dropping (by loss)", "sinebert_dropping", {"token_dropping_policy": "loss"}),
     "no_bias": ("sinebert, rotary positions, no biases", "sinebert",
                 {"position_embedding_type": "rotary", "bias": False}),
+    "muon": ("sinebert, Muon", "sinebert_muon", {}),
 }
 DEFAULT_CONTENDERS = ("rotary", "absolute", "modernbert")
 QUARTERS = 4
@@ -57,11 +59,11 @@ def dims_at(hidden: int) -> dict:
     return dict(hidden_size=hidden, num_hidden_layers=4, num_attention_heads=4, intermediate_size=4 * hidden)
 
 
-def train(model: torch.nn.Module, batches: tta.Batches, steps: int, precision: str, peak: float = tta.PEAK_LR) -> dict:
-    """`steps` steps of the cram's schedule to the learning rate `peak`; accuracy (%) at each quarter and the median
-    seconds of a step."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, betas=tta.BETAS, weight_decay=tta.WEIGHT_DECAY,
-                                  fused=True)
+def train(model: torch.nn.Module, batches: tta.Batches, steps: int, precision: str, peak: float = tta.PEAK_LR,
+          name: str = "sinebert") -> dict:
+    """`steps` steps of the cram's schedule to the learning rate `peak` (with time_to_accuracy.py's optimizer for the
+    contender `name`); accuracy (%) at each quarter and the median seconds of a step."""
+    optimizer = tta.optimizer_of(name, model, peak)
     accuracy, seconds = [], []
     for step in range(steps + 1):
         if step % max(1, steps // QUARTERS) == 0 or step == steps:
@@ -69,7 +71,7 @@ def train(model: torch.nn.Module, batches: tta.Batches, steps: int, precision: s
         if step == steps:
             break
         for group in optimizer.param_groups:
-            group["lr"] = tta.learning_rate(step / steps, peak)
+            group["lr"] = tta.learning_rate(step / steps, group["peak"])
         model.train()
         batch = batches(step)
         seconds.append(speed.seconds_of(lambda: speed.train_step(model, optimizer, batch, precision,
@@ -109,7 +111,7 @@ def main(argv=None):
         for label, name, overrides in (CONTENDERS[key] for key in args.contenders):
             model = tta.build(name, batches.vocab, dims_at(hidden), precision, **overrides)
             runs.append({"hidden": hidden, "model": label,
-                         **train(model, batches, args.steps, precision, args.learning_rate)})
+                         **train(model, batches, args.steps, precision, args.learning_rate, name)})
             print(json.dumps(runs[-1]), flush=True)
     report = {"text": text, "steps": args.steps, "precision": precision, **batches.report(), "runs": runs,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),

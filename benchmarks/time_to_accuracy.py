@@ -9,10 +9,10 @@ The question of issue 32: does sinebert reach, in half the time, the held-out ma
 reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
 sinebert with a GLU feed-forward of the same FLOPs (`mlp_type="glu"`, width 2/3 of the recipe's, as ModernBERT's) and,
 if asked, sinebert with token dropping, with the mimetic attention initialisation (`sinebert_mimetic_init`, the recipe's
-before 2026-12-04), without biases (`sinebert_no_bias`) or trained with Muon (`sinebert_muon`, MuonAndAdamW) get half
+before 2026-12-04), without biases (`sinebert_no_bias`) or trained with Muon (`sinebert_muon`, `--optim muon`) get half
 as many. Every model has the same size as the cram's (hidden 256, 4 layers, vocabulary 16,000, blocks of 128 tokens,
 global batch 32), sees the same batches in the same order with the same masks, and trains with the cram's optimizer
-settings (AdamW, or Muon on the encoder's matrices for `sinebert_muon`; peak learning rate 1e-3 or `--learning_rate`,
+settings (AdamW, or Muon on the encoder layers' matrices for `sinebert_muon`; peak learning rate 1e-3 or `--learning_rate`,
 betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs
 on each model's own training clock, so each model's learning rate reaches 0 exactly when its budget is spent, on
 whatever machine. The models take turns: the one that has used the smallest share of its budget steps next, so a slow
@@ -46,6 +46,7 @@ from recipes import cram_data  # noqa: E402
 from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
 from sinebert.training.loop import cpu_has_native_bf16  # noqa: E402
 from sinebert.training.mlm import MaskingCollator, pack_texts  # noqa: E402
+from sinebert.training.optimizer import MUON_LEARNING_RATE_RATIO, MuonWithAdamW, takes_muon  # noqa: E402
 from sinebert.training.tokenizer import train_wordpiece  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -104,42 +105,19 @@ class Contender:
         return self.seconds / self.budget
 
 
-# Muon's peak as a multiple of the AdamW peak: with `adjust_lr_fn="match_rms_adamw"` an ad-hoc probe at the cram's
-# size (2026-12-05) learnt most per step at 4 x 1e-3 of the values tried (1e-3, 4e-3). Not tuned further.
-MUON_PEAK_RATIO = 4
-
-
-class MuonAndAdamW:
-    """Muon (torch.optim.Muon: momentum orthogonalised by Newton-Schulz iterations; Jordan et al., 2024) on the
-    encoder's matrices, AdamW on the rest (embeddings and the tied decoder, norms, biases), as one optimizer. Each
-    param group carries its own schedule `peak`."""
-
-    def __init__(self, model: torch.nn.Module, peak: float):
-        matrices, rest = [], []
-        for name, p in model.named_parameters():  # (the tied decoder appears once, as the word embeddings)
-            is_matrix = p.ndim == 2 and "embeddings" not in name and "decoder" not in name
-            (matrices if is_matrix else rest).append(p)
-        self.muon = torch.optim.Muon([{"params": matrices, "peak": MUON_PEAK_RATIO * peak}], lr=0.0,
-                                     weight_decay=WEIGHT_DECAY, adjust_lr_fn="match_rms_adamw")
-        self.adamw = torch.optim.AdamW([{"params": rest, "peak": peak}], lr=0.0, betas=BETAS,
-                                       weight_decay=WEIGHT_DECAY, fused=True)
-        self.param_groups = self.muon.param_groups + self.adamw.param_groups
-
-    def step(self):
-        self.muon.step()
-        self.adamw.step()
-
-    def zero_grad(self, set_to_none: bool = True):
-        self.muon.zero_grad(set_to_none)
-        self.adamw.zero_grad(set_to_none)
-
-
-def optimizer_of(name: str, model: torch.nn.Module, peak: float):
-    """The cram's AdamW (its param group's schedule `peak` the contender's), or Muon and AdamW for "sinebert_muon"."""
-    if name == "sinebert_muon":
-        return MuonAndAdamW(model, peak)
-    return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak}], lr=0.0, betas=BETAS,
-                             weight_decay=WEIGHT_DECAY, fused=True)
+def optimizer_of(name: str, model: torch.nn.Module, peak: float) -> torch.optim.Optimizer:
+    """The cram's AdamW (its param group's schedule `peak` the contender's), or for "sinebert_muon" `--optim muon`'s
+    MuonWithAdamW: Muon on the encoder layers' matrices at MUON_LEARNING_RATE_RATIO x the peak, AdamW on the rest."""
+    settings = {"weight_decay": WEIGHT_DECAY, "lr": 0.0}
+    if name != "sinebert_muon":
+        return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak, **settings}], betas=BETAS,
+                                 fused=True)
+    matrices, rest = [], []
+    for parameter_name, p in model.named_parameters():  # (the tied decoder appears once, as the word embeddings)
+        (matrices if takes_muon(parameter_name, p, model.config.num_hidden_layers) else rest).append(p)
+    return MuonWithAdamW([{"params": rest, "peak": peak, **settings}],
+                         [{"params": matrices, "peak": MUON_LEARNING_RATE_RATIO * peak, **settings}],
+                         betas=BETAS, eps=1e-8, fused=True)
 
 
 def next_contender(contenders: list[Contender]) -> Contender | None:

@@ -1,6 +1,6 @@
 """FSDP 2 on two CPU processes over gloo, launched with configs/accelerate/fsdp.yaml as a user launches it: the
 parameters and optimizer state are sharded, the checkpoints are sharded and resume exactly, the training equals
-data parallelism's, and the final folder is a plain one that loads anywhere."""
+data parallelism's (with AdamW and with Muon), and the final folder is a plain one that loads anywhere."""
 
 import hashlib
 import json
@@ -77,6 +77,25 @@ def test_a_sharded_checkpoint_resumes_exactly(pretrained, tmp_path):
                   "latest", processes=2, config="fsdp.yaml")
     assert losses(stopped) == losses(fsdp)
     a, b = load_file(fsdp / "model.safetensors"), load_file(stopped / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_muon_trains_sharded_as_under_data_parallel_and_resumes_exactly(pretrained, tmp_path):
+    # Each process holds rows of a matrix; Muon's Newton-Schulz products on those DTensors gather what they need.
+    muon = [*PRETRAIN, "--optim", "muon"]
+    for name, config in (("fsdp", "fsdp.yaml"), ("ddp", None)):
+        launch_script("pretrain", *pretrained["data"], *muon, "--output_dir", tmp_path / name, processes=2,
+                      config=config)
+    fsdp, ddp = losses(tmp_path / "fsdp"), losses(tmp_path / "ddp")
+    assert set(fsdp) == set(range(1, 13)) and fsdp == pytest.approx(ddp, abs=1e-5)
+    stopped = tmp_path / "stopped"
+    (stopped / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "fsdp" / "checkpoints" / "step_00000006", stopped / "checkpoints" / "step_00000006")
+    launch_script("pretrain", *pretrained["data"], *muon, "--output_dir", stopped, "--resume_from_checkpoint", "latest",
+                  processes=2, config="fsdp.yaml")
+    assert {step: loss for step, loss in losses(stopped).items() if step > 6} == {
+        step: loss for step, loss in fsdp.items() if step > 6}
+    a, b = load_file(tmp_path / "fsdp" / "model.safetensors"), load_file(stopped / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

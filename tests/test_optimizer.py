@@ -1,18 +1,19 @@
-"""build_optimizer: which parameters decay, the word embeddings' own learning rate, and layer-wise decay."""
+"""build_optimizer: which parameters decay, the word embeddings' own learning rate, layer-wise decay and Muon."""
 
 import argparse
 
 import pytest
 import torch
+from transformers import get_scheduler
 
 from sinebert import SineBertForMaskedLM, SineBertForSequenceClassification
-from sinebert.training.loop import build_optimizer
+from sinebert.training.optimizer import build_optimizer
 from tests.conftest import tiny_config
 
 
 def _args(**values) -> argparse.Namespace:
     defaults = dict(learning_rate=1e-2, embedding_learning_rate=None, layerwise_lr_decay=1.0, weight_decay=0.01,
-                    adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
+                    adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw", muon_learning_rate=None)
     return argparse.Namespace(**defaults | values)
 
 
@@ -61,3 +62,55 @@ def test_without_layerwise_decay_every_parameter_has_the_learning_rate():
     optimizer = build_optimizer(model, _args())
     assert [group["lr"] for group in optimizer.param_groups] == [1e-2, 1e-2]
     assert [group["weight_decay"] for group in optimizer.param_groups] == [0.01, 0.0]
+
+
+def test_muon_steps_the_encoder_layers_matrices_and_adamw_the_rest_each_at_its_own_peak():
+    model = SineBertForSequenceClassification(tiny_config(num_labels=2, num_hidden_layers=2))
+    optimizer = build_optimizer(model, _args(optim="muon"))
+    named = {id(p): name for name, p in model.named_parameters()}
+    by = {name: {named[id(p)] for g in part.param_groups for p in g["params"]} for name, part in optimizer.parts.items()}
+    assert by["muon"].isdisjoint(by["adamw"]) and by["muon"] | by["adamw"] == set(named.values())
+    assert by["muon"] == {"dense.weight"} | {f"sinebert.layers.{i}.{m}.weight" for i in range(2)
+                                             for m in ("attention.qkv_proj", "attention.out_proj", "mlp.fc1", "mlp.fc2")}
+    # The embeddings and the output layer are not hidden matrices: AdamW steps them.
+    assert {"sinebert.embeddings.word_embeddings.weight", "classifier.weight"} <= by["adamw"]
+    assert [(g["optimizer"], g["lr"], g["weight_decay"]) for g in optimizer.param_groups] == [
+        ("adamw", 1e-2, 0.01), ("adamw", 1e-2, 0.0), ("muon", 4e-2, 0.01)]  # AdamW's peak first: the one logged
+    assert build_optimizer(model, _args(optim="muon", muon_learning_rate=3e-3)).param_groups[-1]["lr"] == 3e-3
+
+
+def test_muon_with_adamw_resumes_exactly_from_its_state_dict_under_its_schedule(tmp_path):
+    torch.manual_seed(0)
+    model = SineBertForMaskedLM(tiny_config())
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(5, 99, (2, 8))
+
+    def run(optimizer, scheduler, steps):
+        for _ in range(steps):
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+
+    def fresh():
+        optimizer = build_optimizer(model, _args(optim="muon"))
+        return optimizer, get_scheduler("linear", optimizer, num_warmup_steps=2, num_training_steps=10)
+
+    optimizer, scheduler = fresh()
+    run(optimizer, scheduler, 3)
+    torch.save(optimizer.state_dict(), tmp_path / "optimizer.bin")  # as accelerate's save_state writes it
+    middle, schedule = {k: v.clone() for k, v in model.state_dict().items()}, scheduler.state_dict()
+    run(optimizer, scheduler, 3)
+    uninterrupted = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model.load_state_dict(middle)
+    optimizer, scheduler = fresh()
+    optimizer.load_state_dict(torch.load(tmp_path / "optimizer.bin", weights_only=True))
+    scheduler.load_state_dict(schedule)
+    run(optimizer, scheduler, 3)
+    assert all(torch.equal(uninterrupted[k], v) for k, v in model.state_dict().items())
+    assert not torch.equal(start["sinebert.layers.0.mlp.fc1.weight"], uninterrupted["sinebert.layers.0.mlp.fc1.weight"])
+    # Both parts read the loaded groups and state: without that, Muon would restart its momentum and the scheduler's
+    # rates would not reach it.
+    assert optimizer.parts["muon"].param_groups[0] is optimizer.param_groups[-1]
+    assert optimizer.parts["muon"].param_groups[0]["lr"] == pytest.approx(4 * optimizer.param_groups[0]["lr"])

@@ -100,6 +100,27 @@ def test_resume_continues_exactly(text_corpus, tokenizer_dir, tmp_path, capsys):
     assert "was written with other optimizer parameter groups than this run's" in message
 
 
+def test_muon_learns_and_resumes_exactly_with_two_processes(text_corpus, tokenizer_dir, tmp_path, capsys):
+    common = [*data(text_corpus, tokenizer_dir), *TINY, "--optim", "muon", "--per_device_train_batch_size", 8,
+              "--max_train_steps", 16, "--eval_steps", 16, "--checkpointing_steps", 8]
+    launch(*common, "--output_dir", tmp_path / "full", processes=2)
+    evals = [r for r in rows(tmp_path / "full") if "eval_loss" in r]
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"] - 0.2 and evals[-1]["eval_accuracy"] > 0.02
+    stopped = tmp_path / "stopped"
+    (stopped / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "step_00000008", stopped / "checkpoints" / "step_00000008")
+    launch(*common, "--output_dir", stopped, "--resume_from_checkpoint", "latest", processes=2)
+    full = train_losses(tmp_path / "full")
+    assert {step: loss for step, loss in train_losses(stopped).items() if step > 8} == {
+        step: loss for step, loss in full.items() if step > 8}
+    a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(stopped / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # A Muon checkpoint resumed under AdamW is one sentence naming --optim.
+    argv = [*common, "--output_dir", stopped, "--resume_from_checkpoint", "latest", "--optim", "adamw"]
+    message = user_error(capsys, load_script("pretrain"), argv)
+    assert "was written with other optimizer parameter groups than this run's" in message and "--optim" in message
+
+
 def consumed_tokens(folder, processes: int) -> collections.Counter:
     counter = collections.Counter()
     for rank in range(processes):

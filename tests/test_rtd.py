@@ -13,7 +13,7 @@ from transformers import AutoModel, AutoModelForPreTraining, AutoModelForSequenc
 
 import sinebert  # noqa: F401  (registers the Auto classes)
 from sinebert import SineBertForPreTraining
-from sinebert.training.loop import build_optimizer
+from sinebert.training.optimizer import build_optimizer
 from sinebert.training.rtd import ReplacedTokenDetection, sample_from
 from tests.conftest import launch_script, load_script, tiny_config, user_error
 

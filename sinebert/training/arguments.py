@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from .errors import UserError, one_line
+from .optimizer import MUON_LEARNING_RATE_RATIO, OPTIMIZERS
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 
@@ -140,7 +141,7 @@ def add_model_arguments(parser: argparse.ArgumentParser):
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: float | None, batch_size: int,
-                           epochs: float | None, adversarial_epsilon: float = 0.0):
+                           epochs: float | None, adversarial_epsilon: float = 0.0, optim: str = "adamw"):
     """`learning_rate` / `epochs` None: the script chooses them from its data (the fine-tuning scripts). A nonzero
     `adversarial_epsilon` is the script's FGM when --adversarial_epsilon is not given (`fit_schedule` sets it)."""
     group = parser.add_argument_group("training")
@@ -162,7 +163,17 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
         help="Each layer's peak learning rate is this times the one of the layer above it (the task head and final "
              "norm at --learning_rate, the embeddings below the first layer), as ELECTRA fine-tunes; 1 disables it.",
     )
-    group.add_argument("--weight_decay", type=float, default=0.01, help="AdamW decay; never on biases or LayerNorms.")
+    group.add_argument(
+        "--optim", choices=OPTIMIZERS, default=optim,
+        help=f"AdamW, or Muon on the encoder layers' weight matrices with AdamW on the rest (default: {optim}).",
+    )
+    group.add_argument(
+        "--muon_learning_rate", type=float, default=None,
+        help=f"Peak learning rate of Muon's matrices under --optim muon (default: {MUON_LEARNING_RATE_RATIO} x "
+             "--learning_rate).",
+    )
+    group.add_argument("--weight_decay", type=float, default=0.01, help="Decoupled weight decay; never on biases or "
+                       "LayerNorms.")
     group.add_argument("--adam_beta1", type=float, default=0.9)
     group.add_argument("--adam_beta2", type=float, default=0.999)
     group.add_argument("--adam_epsilon", type=float, default=1e-8)
@@ -228,7 +239,8 @@ RANGES = {
     # A learning rate of 0 trains nothing (or freezes the embeddings); 0 minutes stops after the first step.
     # A patience of 0 turns early stopping off.
     **dict.fromkeys(("num_warmup_steps", "weight_decay", "max_grad_norm", "seed", "learning_rate",
-                     "embedding_learning_rate", "max_train_minutes", "early_stopping_patience"), ZERO_OR_MORE),
+                     "embedding_learning_rate", "muon_learning_rate", "max_train_minutes", "early_stopping_patience"),
+                    ZERO_OR_MORE),
     **dict.fromkeys(("num_train_epochs", "adam_epsilon"), MORE_THAN_ZERO),
     "warmup_ratio": (0, True, 1, True),
     "layerwise_lr_decay": (0, False, 1, True),

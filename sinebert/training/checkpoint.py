@@ -248,7 +248,7 @@ class CheckpointManager:
                 raise
             raise CheckpointError(
                 f"Checkpoint {path} was written with other optimizer parameter groups than this run's ({error}); "
-                "resume with the settings it was written with (--embedding_learning_rate given or not, the same "
-                "model), or start a new run."
+                "resume with the settings it was written with (its --optim, --embedding_learning_rate given or not, "
+                "the same model), or start a new run."
             ) from None
         return json.loads((path / TRAINER_STATE).read_text())
