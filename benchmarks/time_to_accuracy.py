@@ -12,7 +12,7 @@ if asked, sinebert with token dropping, with the mimetic attention initialisatio
 before 2026-12-04), without biases (`sinebert_no_bias`) or trained with Muon (`sinebert_muon`, `--optim muon`) get half
 as many. Every model has the same size as the cram's (hidden 256, 4 layers, vocabulary 16,000, blocks of 128 tokens,
 global batch 32), sees the same batches in the same order with the same masks, and trains with the cram's optimizer
-settings (AdamW, or Muon on the encoder layers' matrices for `sinebert_muon`; peak learning rate 1e-3 or `--learning_rate`,
+settings (AdamW, or `--optim muon`'s split for `sinebert_muon`; peak learning rate 1e-3 or `--learning_rate`,
 betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs
 on each model's own training clock, so each model's learning rate reaches 0 exactly when its budget is spent, on
 whatever machine. The models take turns: the one that has used the smallest share of its budget steps next, so a slow

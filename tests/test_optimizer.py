@@ -68,10 +68,11 @@ def test_muon_steps_the_encoder_layers_matrices_and_adamw_the_rest_each_at_its_o
     model = SineBertForSequenceClassification(tiny_config(num_labels=2, num_hidden_layers=2))
     optimizer = build_optimizer(model, _args(optim="muon"))
     named = {id(p): name for name, p in model.named_parameters()}
-    by = {name: {named[id(p)] for g in part.param_groups for p in g["params"]} for name, part in optimizer.parts.items()}
+    by = {key: {named[id(p)] for g in part.param_groups for p in g["params"]} for key, part in optimizer.parts.items()}
     assert by["muon"].isdisjoint(by["adamw"]) and by["muon"] | by["adamw"] == set(named.values())
-    assert by["muon"] == {"dense.weight"} | {f"sinebert.layers.{i}.{m}.weight" for i in range(2)
-                                             for m in ("attention.qkv_proj", "attention.out_proj", "mlp.fc1", "mlp.fc2")}
+    layers = {f"sinebert.layers.{i}.{m}.weight" for i in range(2)
+              for m in ("attention.qkv_proj", "attention.out_proj", "mlp.fc1", "mlp.fc2")}
+    assert by["muon"] == layers | {"dense.weight"}  # and the pooler's square transform
     # The embeddings and the output layer are not hidden matrices: AdamW steps them.
     assert {"sinebert.embeddings.word_embeddings.weight", "classifier.weight"} <= by["adamw"]
     assert [(g["optimizer"], g["lr"], g["weight_decay"]) for g in optimizer.param_groups] == [

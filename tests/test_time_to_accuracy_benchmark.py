@@ -67,14 +67,16 @@ def test_the_muon_contender_steps_the_encoder_layers_matrices_with_muon_and_the_
 
     muon, adamw = stepped_by(optimizer.parts["muon"]), stepped_by(optimizer.parts["adamw"])
     assert muon.isdisjoint(adamw) and muon | adamw == set(named)
-    assert {"sinebert.layers.0.attention.qkv_proj.weight", "sinebert.layers.2.mlp.fc2.weight", "head.dense.weight"} <= muon
+    assert {"sinebert.layers.0.attention.qkv_proj.weight", "sinebert.layers.2.mlp.fc2.weight",
+            "head.dense.weight"} <= muon
     assert "sinebert.embeddings.word_embeddings.weight" in adamw and "sinebert.layers.0.mlp.fc1.bias" in adamw
     assert all(named[name].ndim == 2 for name in muon)
     contender.seconds = 100.0 * tta.WARMUP  # the top of the warmup
     before = {name: p.detach().clone() for name, p in named.items()}
     ids = torch.randint(5, 500, (2, 16), device=tta.speed.DEVICE)
     tta.train_step(contender, {"input_ids": ids, "labels": ids}, "fp32")
-    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([1e-3, tta.MUON_LEARNING_RATE_RATIO * 1e-3])
+    peaks = [1e-3, tta.MUON_LEARNING_RATE_RATIO * 1e-3]
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx(peaks)
     for name in ("sinebert.layers.0.attention.qkv_proj.weight", "sinebert.embeddings.word_embeddings.weight"):
         assert not torch.equal(named[name], before[name]), name
 

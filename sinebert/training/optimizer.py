@@ -47,7 +47,9 @@ def build_optimizer(model: nn.Module, args) -> torch.optim.Optimizer:
     words = model.get_input_embeddings().weight if args.embedding_learning_rate is not None else None
     decay_rate, num_layers = args.layerwise_lr_decay, model.config.num_hidden_layers
     muon = args.optim == "muon"
-    muon_rate = MUON_LEARNING_RATE_RATIO * args.learning_rate if args.muon_learning_rate is None else args.muon_learning_rate
+    muon_rate = args.muon_learning_rate
+    if muon_rate is None:
+        muon_rate = MUON_LEARNING_RATE_RATIO * args.learning_rate
     groups, seen = {}, set() if words is None else {id(words)}
     for module_name, module in model.named_modules():
         for name, parameter in module.named_parameters(recurse=False):
