@@ -87,7 +87,9 @@ def test_muon_trains_sharded_as_under_data_parallel_and_resumes_exactly(pretrain
         launch_script("pretrain", *pretrained["data"], *muon, "--output_dir", tmp_path / name, processes=2,
                       config=config)
     fsdp, ddp = losses(tmp_path / "fsdp"), losses(tmp_path / "ddp")
-    assert set(fsdp) == set(range(1, 13)) and fsdp == pytest.approx(ddp, abs=1e-5)
+    # Looser than AdamW's 1e-5: the iterations run in bf16, where the two reductions' last-bit differences in the
+    # gradients can round some entries of the update apart by 2^-8 (up to 4e-5 in the loss, here).
+    assert set(fsdp) == set(range(1, 13)) and fsdp == pytest.approx(ddp, abs=2e-4)
     stopped = tmp_path / "stopped"
     (stopped / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "fsdp" / "checkpoints" / "step_00000006", stopped / "checkpoints" / "step_00000006")
