@@ -107,7 +107,7 @@ class Contender:
 
 def optimizer_of(name: str, model: torch.nn.Module, peak: float) -> torch.optim.Optimizer:
     """The cram's AdamW (its param group's schedule `peak` the contender's), or for "sinebert_muon" `--optim muon`'s
-    MuonWithAdamW: Muon on the encoder layers' matrices at MUON_LEARNING_RATE_RATIO x the peak, AdamW on the rest."""
+    MuonWithAdamW: Muon on the matrices `takes_muon` picks at MUON_LEARNING_RATE_RATIO x the peak, AdamW on the rest."""
     settings = {"weight_decay": WEIGHT_DECAY, "lr": 0.0}
     if name != "sinebert_muon":
         return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak, **settings}], betas=BETAS,

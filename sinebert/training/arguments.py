@@ -141,7 +141,7 @@ def add_model_arguments(parser: argparse.ArgumentParser):
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: float | None, batch_size: int,
-                           epochs: float | None, adversarial_epsilon: float = 0.0, optim: str = "adamw"):
+                           epochs: float | None, adversarial_epsilon: float = 0.0):
     """`learning_rate` / `epochs` None: the script chooses them from its data (the fine-tuning scripts). A nonzero
     `adversarial_epsilon` is the script's FGM when --adversarial_epsilon is not given (`fit_schedule` sets it)."""
     group = parser.add_argument_group("training")
@@ -164,8 +164,9 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
              "norm at --learning_rate, the embeddings below the first layer), as ELECTRA fine-tunes; 1 disables it.",
     )
     group.add_argument(
-        "--optim", choices=OPTIMIZERS, default=optim,
-        help=f"AdamW, or Muon on the encoder layers' weight matrices with AdamW on the rest (default: {optim}).",
+        "--optim", choices=OPTIMIZERS, default="adamw",
+        help="AdamW (the default), or Muon on the hidden weight matrices (the encoder layers' and the heads' square "
+             "transforms) with AdamW on the rest.",
     )
     group.add_argument(
         "--muon_learning_rate", type=float, default=None,
