@@ -4,10 +4,12 @@ import argparse
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import get_scheduler
 
 from sinebert import SineBertForMaskedLM, SineBertForSequenceClassification
-from sinebert.training.optimizer import build_optimizer
+from sinebert.training import optimizer as optimizers
+from sinebert.training.optimizer import build_optimizer, owners_of
 from tests.conftest import tiny_config
 
 
@@ -115,3 +117,53 @@ def test_muon_with_adamw_resumes_exactly_from_its_state_dict_under_its_schedule(
     # rates would not reach it.
     assert optimizer.parts["muon"].param_groups[0] is optimizer.param_groups[-1]
     assert optimizer.parts["muon"].param_groups[0]["lr"] == pytest.approx(4 * optimizer.param_groups[0]["lr"])
+
+
+def _muon_steps(rank: int = 0, world_size: int = 1, store: str | None = None, out: str | None = None) -> dict:
+    """Three Muon steps of a tiny masked LM on fixed batches, as process `rank` of `world_size` (after the all-reduce
+    every process has the same gradients: here the same batch); returns or saves the parameters and the number of
+    matrices this process orthogonalised."""
+    if world_size > 1:
+        torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    calls, iterate = [], optimizers._zeropower_via_newtonschulz
+    counted = lambda *a: calls.append(1) or iterate(*a)  # noqa: E731
+    for module in (optimizers, torch.optim._muon):  # ShardedMuon's iterations, and torch's Muon's
+        module._zeropower_via_newtonschulz = counted
+    try:
+        torch.manual_seed(0)
+        model = SineBertForMaskedLM(tiny_config(num_hidden_layers=2))
+        optimizer = build_optimizer(model, _args(optim="muon"), rank, world_size)
+        for step in range(3):
+            ids = torch.randint(5, 99, (2, 8), generator=torch.Generator().manual_seed(step))
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        for module in (optimizers, torch.optim._muon):
+            module._zeropower_via_newtonschulz = iterate
+    result = {**{k: v.detach().clone() for k, v in model.state_dict().items()}, "calls": torch.tensor(len(calls))}
+    if world_size > 1:
+        save_file(result, f"{out}{rank}")
+        torch.distributed.destroy_process_group()
+    return result
+
+
+def test_muon_split_across_data_parallel_processes_steps_as_one_process_does(tmp_path):
+    one = _muon_steps()
+    torch.multiprocessing.spawn(_muon_steps, args=(2, str(tmp_path / "store"), str(tmp_path / "p")), nprocs=2)
+    split = [load_file(tmp_path / f"p{rank}") for rank in (0, 1)]
+    matrices = one["calls"] // 3  # torch's Muon orthogonalises every matrix on every process
+    assert matrices == 2 * 4 + 1  # two layers' four matrices and the head's transform
+    assert [s["calls"].item() for s in split] == [3 * 5, 3 * 4]  # each process its share of them, every step
+    for name, value in one.items():
+        if name != "calls":
+            assert torch.equal(split[0][name], value) and torch.equal(split[1][name], value), name
+
+
+def test_muon_shares_balance_the_orthogonalisation_work():
+    layer = [torch.Size(s) for s in ((768, 256), (256, 256), (1024, 256), (256, 1024))]
+    owners = owners_of(layer * 4 + [torch.Size((256, 256))], 2)
+    work = [sum(min(s) ** 2 * max(s) for s, o in zip(layer * 4 + [torch.Size((256, 256))], owners) if o == r)
+            for r in (0, 1)]
+    assert max(work) / min(work) < 1.05
+    assert owners_of(layer, 1) == [0] * 4 and sorted(set(owners_of(layer, 3))) == [0, 1, 2]

@@ -338,7 +338,9 @@ class Trainer:
                 self.attention_kernels = model.attention_kernels()
         if self.attention_kernels:
             accelerator.print("attention: " + "; ".join(self.attention_kernels))
-        optimizer = build_optimizer(model, args)
+        # Data-parallel processes hold every parameter whole and can split Muon's work; FSDP's hold shards.
+        replicas = 1 if is_sharded(accelerator) else accelerator.num_processes
+        optimizer = build_optimizer(model, args, accelerator.process_index, replicas)
         self.state = TrainerState(settings={k: getattr(args, k) for k in RESUME_SETTINGS if hasattr(args, k)})
         scheduler = self._build_scheduler(optimizer)
         self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)

@@ -8,6 +8,7 @@ import re
 
 import torch
 from torch import nn
+from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 # `--optim` choices. Muon (Jordan et al., 2024) orthogonalises each weight matrix's momentum by Newton-Schulz
 # iterations, so every direction of the matrix moves at the same rate; it is meant for hidden matrices only, so the
@@ -39,11 +40,13 @@ def takes_muon(name: str, parameter: nn.Parameter, num_layers: int) -> bool:
     return depth <= num_layers or parameter.shape[0] == parameter.shape[1]
 
 
-def build_optimizer(model: nn.Module, args) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, args, rank: int = 0, world_size: int = 1) -> torch.optim.Optimizer:
     """AdamW (or with --optim muon, MuonWithAdamW) with weight decay on weight matrices and embeddings only, never on
     biases or LayerNorm parameters; the word embeddings in a group of their own at --embedding_learning_rate when it
     is given; with --layerwise_lr_decay d < 1, a layer's parameters at d^(layers above it + 1) of the learning rate.
-    AdamW's groups come first, the head's first among them, so that the logged learning rate is AdamW's peak."""
+    AdamW's groups come first, the head's first among them, so that the logged learning rate is AdamW's peak.
+    `rank` of `world_size` data-parallel processes, each holding every parameter whole: Muon splits its
+    orthogonalisation among them (ShardedMuon)."""
     words = model.get_input_embeddings().weight if args.embedding_learning_rate is not None else None
     decay_rate, num_layers = args.layerwise_lr_decay, model.config.num_hidden_layers
     muon = args.optim == "muon"
@@ -72,7 +75,7 @@ def build_optimizer(model: nn.Module, args) -> torch.optim.Optimizer:
              "fused": fusable(adamw_groups + muon_groups)}
     if not muon:
         return torch.optim.AdamW(adamw_groups, **adamw)
-    return MuonWithAdamW(adamw_groups, muon_groups, **adamw)
+    return MuonWithAdamW(adamw_groups, muon_groups, **adamw, rank=rank, world_size=world_size)
 
 
 def fusable(groups: list[dict]) -> bool:
@@ -92,13 +95,14 @@ class MuonWithAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, adamw_groups: list[dict], muon_groups: list[dict], betas: tuple[float, float], eps: float,
-                 fused: bool):
+                 fused: bool, rank: int = 0, world_size: int = 1):
         for name, groups in (("adamw", adamw_groups), ("muon", muon_groups)):
             for group in groups:
                 group["optimizer"] = name  # saved with the group, so that a loaded one finds its part again
         adamw = torch.optim.AdamW(adamw_groups, betas=betas, eps=eps, fused=fused)
         # match_rms_adamw scales each matrix's orthogonal update to AdamW's typical size, 0.2 sqrt(max(rows, cols)).
-        muon = torch.optim.Muon(muon_groups, adjust_lr_fn="match_rms_adamw")
+        muon = (torch.optim.Muon(muon_groups, adjust_lr_fn="match_rms_adamw") if world_size == 1
+                else ShardedMuon(muon_groups, rank, world_size, adjust_lr_fn="match_rms_adamw"))
         super().__init__(adamw.param_groups + muon.param_groups, {})
         self.parts = {"adamw": adamw, "muon": muon}
         self._share()
@@ -123,3 +127,70 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict):
         super().load_state_dict(state_dict)
         self._share()
+
+
+class ShardedMuon(torch.optim.Muon):
+    """torch.optim.Muon for `world_size` data-parallel processes that hold the same parameters and, after the
+    all-reduce, the same gradients: each orthogonalises its share of the matrices, and one all-gather hands every
+    process all the updates. torch's Muon has each process run the Newton-Schulz iterations of every matrix, the same
+    work on every process, which made a step of the cram's model 29% longer than AdamW's on 2 processes
+    (docs/SPEED.md). The same arithmetic as torch's (momentum, iterations in bf16, weight decay, step), so the
+    parameters match it bit for bit (tests/test_optimizer.py)."""
+
+    def __init__(self, params, rank: int, world_size: int, **settings):
+        super().__init__(params, **settings)
+        self.rank, self.world_size = rank, world_size
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # (group, parameter, Nesterov momentum) of every matrix with a gradient: the same list on every process
+        todo = []
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
+                buffer, momentum = state["momentum_buffer"], group["momentum"]
+                buffer.lerp_(param.grad, 1 - momentum)
+                todo.append((group, param, param.grad.lerp(buffer, momentum) if group["nesterov"] else buffer))
+        for (group, param, _), update in zip(todo, self._orthogonalised(todo)):
+            lr = group["lr"]
+            param.mul_(1 - lr * group["weight_decay"])
+            param.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], param.shape))
+        return loss
+
+    def _orthogonalised(self, todo: list) -> list[torch.Tensor]:
+        """Each matrix's orthogonalised update (bf16, its shape), computed by the process `owners` names and
+        gathered: every process packs its own into one flat buffer padded to the longest, and all-gathers those."""
+        owners = owners_of([param.shape for _, param, _ in todo], self.world_size)
+        mine = [_zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                for (group, _, update), owner in zip(todo, owners) if owner == self.rank]
+        sizes = [sum(param.numel() for (_, param, _), o in zip(todo, owners) if o == r) for r in range(self.world_size)]
+        device = todo[0][1].device if todo else "cpu"
+        flat = torch.zeros(max(sizes, default=0), dtype=torch.bfloat16, device=device)
+        if mine:
+            torch.cat([update.reshape(-1) for update in mine], out=flat[: sizes[self.rank]])
+        gathered = [torch.empty_like(flat) for _ in range(self.world_size)]
+        torch.distributed.all_gather(gathered, flat)
+        offsets, updates = [0] * self.world_size, []
+        for (_, param, _), owner in zip(todo, owners):
+            start = offsets[owner]
+            offsets[owner] += param.numel()
+            updates.append(gathered[owner][start : offsets[owner]].view(param.shape))
+        return updates
+
+
+def owners_of(shapes: list[torch.Size], world_size: int) -> list[int]:
+    """Which process orthogonalises each matrix: the costliest first, each to the process with the least work so far
+    (an iteration of an m x n matrix, m <= n, costs about m^2 n). The same answer on every process."""
+    load, owners = [0] * world_size, [0] * len(shapes)
+    for i in sorted(range(len(shapes)), key=lambda i: -min(shapes[i]) ** 2 * max(shapes[i])):
+        owners[i] = min(range(world_size), key=load.__getitem__)
+        load[owners[i]] += min(shapes[i]) ** 2 * max(shapes[i])
+    return owners
