@@ -46,6 +46,7 @@ from recipes import cram_data  # noqa: E402
 from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
 from sinebert.training.loop import cpu_has_native_bf16  # noqa: E402
 from sinebert.training.mlm import MaskingCollator, pack_texts  # noqa: E402
+from sinebert.training.loop import bf16_matmuls_are_fast  # noqa: E402
 from sinebert.training.optimizer import MUON_LEARNING_RATE_RATIO, MuonWithAdamW, takes_muon  # noqa: E402
 from sinebert.training.tokenizer import train_wordpiece  # noqa: E402
 
@@ -107,17 +108,20 @@ class Contender:
 
 def optimizer_of(name: str, model: torch.nn.Module, peak: float) -> torch.optim.Optimizer:
     """The cram's AdamW (its param group's schedule `peak` the contender's), or for "sinebert_muon" `--optim muon`'s
-    MuonWithAdamW: Muon on the matrices `takes_muon` picks at MUON_LEARNING_RATE_RATIO x the peak, AdamW on the rest."""
+    MuonWithAdamW: Muon on the matrices `takes_muon` picks at MUON_LEARNING_RATE_RATIO x the peak, AdamW on the rest,
+    iterating in the dtype the Trainer would pick on the model's device."""
     settings = {"weight_decay": WEIGHT_DECAY, "lr": 0.0}
     if name != "sinebert_muon":
         return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak, **settings}], betas=BETAS,
                                  fused=True)
+    bf16, _ = bf16_matmuls_are_fast(next(model.parameters()).device)
+    iteration_dtype = torch.bfloat16 if bf16 else torch.float32
     matrices, rest = [], []
     for parameter_name, p in model.named_parameters():  # (the tied decoder appears once, as the word embeddings)
         (matrices if takes_muon(parameter_name, p, model.config.num_hidden_layers) else rest).append(p)
     return MuonWithAdamW([{"params": rest, "peak": peak, **settings}],
                          [{"params": matrices, "peak": MUON_LEARNING_RATE_RATIO * peak, **settings}],
-                         betas=BETAS, eps=1e-8, fused=True)
+                         betas=BETAS, eps=1e-8, fused=True, muon={"iteration_dtype": iteration_dtype})
 
 
 def next_contender(contenders: list[Contender]) -> Contender | None:

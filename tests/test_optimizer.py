@@ -119,28 +119,27 @@ def test_muon_with_adamw_resumes_exactly_from_its_state_dict_under_its_schedule(
     assert optimizer.parts["muon"].param_groups[0]["lr"] == pytest.approx(4 * optimizer.param_groups[0]["lr"])
 
 
-def _muon_steps(rank: int = 0, world_size: int = 1, store: str | None = None, out: str | None = None) -> dict:
+def _muon_steps(rank: int = 0, world_size: int = 1, store: str | None = None, out: str | None = None,
+                dtype: torch.dtype = torch.bfloat16) -> dict:
     """Three Muon steps of a tiny masked LM on fixed batches, as process `rank` of `world_size` (after the all-reduce
-    every process has the same gradients: here the same batch); returns or saves the parameters and the number of
-    matrices this process orthogonalised."""
+    every process has the same gradients: here the same batch), iterating in `dtype`; returns or saves the parameters
+    and the number of matrices this process orthogonalised."""
     if world_size > 1:
         torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
-    calls, iterate = [], optimizers._zeropower_via_newtonschulz
-    counted = lambda *a: calls.append(1) or iterate(*a)  # noqa: E731
-    for module in (optimizers, torch.optim._muon):  # ShardedMuon's iterations, and torch's Muon's
-        module._zeropower_via_newtonschulz = counted
+    calls, iterate = [], optimizers.newton_schulz
+    optimizers.newton_schulz = lambda *a: calls.append(1) or iterate(*a)
     try:
         torch.manual_seed(0)
         model = SineBertForMaskedLM(tiny_config(num_hidden_layers=2))
-        optimizer = build_optimizer(model, _args(optim="muon"), rank, world_size)
+        optimizer = build_optimizer(model, _args(optim="muon"), rank=rank, world_size=world_size,
+                                    iteration_dtype=dtype)
         for step in range(3):
             ids = torch.randint(5, 99, (2, 8), generator=torch.Generator().manual_seed(step))
             model(input_ids=ids, labels=ids).loss.backward()
             optimizer.step()
             optimizer.zero_grad()
     finally:
-        for module in (optimizers, torch.optim._muon):
-            module._zeropower_via_newtonschulz = iterate
+        optimizers.newton_schulz = iterate
     result = {**{k: v.detach().clone() for k, v in model.state_dict().items()}, "calls": torch.tensor(len(calls))}
     if world_size > 1:
         save_file(result, f"{out}{rank}")
@@ -148,22 +147,63 @@ def _muon_steps(rank: int = 0, world_size: int = 1, store: str | None = None, ou
     return result
 
 
-def test_muon_split_across_data_parallel_processes_steps_as_one_process_does(tmp_path):
-    one = _muon_steps()
-    torch.multiprocessing.spawn(_muon_steps, args=(2, str(tmp_path / "store"), str(tmp_path / "p")), nprocs=2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_muon_split_across_data_parallel_processes_steps_as_one_process_does(tmp_path, dtype):
+    one = _muon_steps(dtype=dtype)
+    torch.multiprocessing.spawn(_muon_steps, args=(2, str(tmp_path / "store"), str(tmp_path / "p"), dtype), nprocs=2)
     split = [load_file(tmp_path / f"p{rank}") for rank in (0, 1)]
-    matrices = one["calls"] // 3  # torch's Muon orthogonalises every matrix on every process
-    assert matrices == 2 * 4 + 1  # two layers' four matrices and the head's transform
-    assert [s["calls"].item() for s in split] == [3 * 5, 3 * 4]  # each process its share of them, every step
+    assert one["calls"] == 3 * (2 * 4 + 1)  # every step: two layers' four matrices and the head's transform
+    assert [s["calls"].item() for s in split] == [3 * 5, 3 * 4]  # each process its share of them
     for name, value in one.items():
         if name != "calls":
             assert torch.equal(split[0][name], value) and torch.equal(split[1][name], value), name
 
 
+def test_muon_in_bf16_steps_as_torchs_muon_does_and_in_float32_orthogonalises_more_exactly():
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(shape)) for shape in ((24, 8), (8, 8), (8, 32))]
+    copies = [torch.nn.Parameter(w.detach().clone()) for w in weights]
+    ours = optimizers.Muon(weights, adjust_lr_fn="match_rms_adamw", lr=0.05, weight_decay=0.1)
+    torchs = torch.optim.Muon(copies, adjust_lr_fn="match_rms_adamw", lr=0.05, weight_decay=0.1)
+    for step in range(3):
+        grads = [torch.randn(w.shape, generator=torch.Generator().manual_seed(step)) for w in weights]
+        for params, optimizer in ((weights, ours), (copies, torchs)):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            optimizer.step()
+    assert all(torch.equal(w, c) for w, c in zip(weights, copies))
+    # The iterations in float32 leave the singular values where bf16's do (about 0.7 to 1.2), without its rounding.
+    g = torch.randn(24, 8, generator=torch.Generator().manual_seed(0))
+    before = g.clone()
+    coefficients = ours.defaults["ns_coefficients"]
+    exact, rounded = (optimizers.newton_schulz(g, coefficients, 5, 1e-7, dtype)
+                      for dtype in (torch.float32, torch.bfloat16))
+    assert exact.dtype == torch.float32 and rounded.dtype == torch.bfloat16
+    assert torch.equal(g, before)  # not in place: in float32 g may be the momentum buffer itself
+    values = torch.linalg.svdvals(exact.double())
+    assert values.min() > 0.6 and values.max() < 1.3
+    assert 0 < (exact - rounded.float()).abs().max() < 0.05
+
+
+def test_the_trainer_iterates_in_bf16_only_where_the_hardware_multiplies_it_at_speed(monkeypatch):
+    from sinebert.training import loop
+
+    cpu = torch.device("cpu")
+    for flags, vendor, fast in (({"avx2"}, "AuthenticAMD", False), ({"avx512_bf16"}, "AuthenticAMD", True),
+                                ({"avx512_bf16"}, "GenuineIntel", False), ({"amx_bf16"}, "GenuineIntel", True)):
+        monkeypatch.setattr(loop, "_cpu_flags", lambda: (vendor, flags))
+        assert loop.bf16_matmuls_are_fast(cpu)[0] is fast
+    model = SineBertForMaskedLM(tiny_config())
+    optimizer = build_optimizer(model, _args(optim="muon"), world_size=1, iteration_dtype=torch.float32)
+    description = optimizers.describe_optimizer(optimizer, "this CPU has no bf16 matrix instructions")
+    assert description == ("Muon on 9 matrices (Newton-Schulz iterations in float32: this CPU has no bf16 matrix "
+                           "instructions), AdamW on the rest")
+
+
 def test_muon_shares_balance_the_orthogonalisation_work():
     layer = [torch.Size(s) for s in ((768, 256), (256, 256), (1024, 256), (256, 1024))]
-    owners = owners_of(layer * 4 + [torch.Size((256, 256))], 2)
-    work = [sum(min(s) ** 2 * max(s) for s, o in zip(layer * 4 + [torch.Size((256, 256))], owners) if o == r)
-            for r in (0, 1)]
+    shapes = layer * 4 + [torch.Size((256, 256))]  # the cram's model: 4 layers and the head's transform
+    owners = owners_of(shapes, 2)
+    work = [sum(min(s) ** 2 * max(s) for s, o in zip(shapes, owners) if o == r) for r in (0, 1)]
     assert max(work) / min(work) < 1.05
     assert owners_of(layer, 1) == [0] * 4 and sorted(set(owners_of(layer, 3))) == [0, 1, 2]

@@ -13,6 +13,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401
+from sinebert.training.loop import bf16_matmuls_are_fast
 from tests.conftest import ROOT, accelerate_command, check_model_card, launch_script, load_script, user_error
 
 pytestmark = pytest.mark.slow
@@ -106,6 +107,10 @@ def test_muon_learns_and_resumes_exactly_with_two_processes(text_corpus, tokeniz
     launch(*common, "--output_dir", tmp_path / "full", processes=2)
     evals = [r for r in rows(tmp_path / "full") if "eval_loss" in r]
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"] - 0.2 and evals[-1]["eval_accuracy"] > 0.02
+    bf16, why = bf16_matmuls_are_fast(torch.device("cpu"))  # the iterations' dtype follows the hardware, and says so
+    ran = json.loads((tmp_path / "full" / "all_results.json").read_text())["optimizer"]
+    assert ran == (f"Muon on 9 matrices (Newton-Schulz iterations in {'bfloat16' if bf16 else 'float32'}, split among "
+                   f"2 processes: {why}), AdamW on the rest")
     stopped = tmp_path / "stopped"
     (stopped / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "full" / "checkpoints" / "step_00000008", stopped / "checkpoints" / "step_00000008")

@@ -31,7 +31,7 @@ from transformers import get_scheduler
 from .checkpoint import CheckpointManager
 from .errors import SharedUserError, UserError, make_folder, release_on_error, write_failure
 from .hub import check_hub
-from .optimizer import build_optimizer
+from .optimizer import build_optimizer, describe_optimizer
 from .reporting import MetricsLog, plot_curves, write_json
 from .sharding import (
     check_cpu_fsdp_launch, fsdp_requested, full_state_dict, is_sharded, load_full_state_dict, shard_on_cpu, unsharded_copy,
@@ -181,6 +181,17 @@ def cpu_bf16_is_fast() -> tuple[bool, str]:
     if "avx512_bf16" in flags:
         return False, "AVX512-BF16 without AMX ran bf16 at half float32's pace where measured"
     return False, "this CPU has no bf16 matrix instructions"
+
+
+def bf16_matmuls_are_fast(device: torch.device) -> tuple[bool, str]:
+    """Whether `device` multiplies bf16 matrices at speed (a CPU by `cpu_bf16_is_fast`, a GPU with native bf16:
+    Ampere on), and why."""
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return native, "this GPU " + ("multiplies bf16 natively" if native else "has no native bf16")
+    if device.type == "cpu":
+        return cpu_bf16_is_fast()
+    return False, f"bf16 matrix speed on {device.type} is not known here"
 
 
 def claim_output_dir(args, accelerator: Accelerator):
@@ -340,7 +351,11 @@ class Trainer:
             accelerator.print("attention: " + "; ".join(self.attention_kernels))
         # Data-parallel processes hold every parameter whole and can split Muon's work; FSDP's hold shards.
         replicas = 1 if is_sharded(accelerator) else accelerator.num_processes
-        optimizer = build_optimizer(model, args, accelerator.process_index, replicas)
+        bf16, why = bf16_matmuls_are_fast(accelerator.device)
+        optimizer = build_optimizer(model, args, rank=accelerator.process_index, world_size=replicas,
+                                    iteration_dtype=torch.bfloat16 if bf16 else torch.float32)
+        self.optimizer_description = describe_optimizer(optimizer, why)
+        accelerator.print(f"optimizer: {self.optimizer_description}")
         self.state = TrainerState(settings={k: getattr(args, k) for k in RESUME_SETTINGS if hasattr(args, k)})
         scheduler = self._build_scheduler(optimizer)
         self.model, self.optimizer, self.scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -456,6 +471,7 @@ class Trainer:
             "train_tokens_per_second": self.state.tokens / max(self.state.training_seconds, 1e-9),
             "stopped_early": stop_reason,
             "attention_kernels": self.attention_kernels,
+            "optimizer": self.optimizer_description,
         }
 
     def _time_left(self) -> dict:

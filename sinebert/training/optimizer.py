@@ -4,11 +4,11 @@ Param groups carry their own learning rate (word embeddings, layer-wise decay, M
 each from there, so one schedule drives them all.
 """
 
+import math
 import re
 
 import torch
 from torch import nn
-from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 # `--optim` choices. Muon (Jordan et al., 2024) orthogonalises each weight matrix's momentum by Newton-Schulz
 # iterations, so every direction of the matrix moves at the same rate; it is meant for hidden matrices only, so the
@@ -40,13 +40,14 @@ def takes_muon(name: str, parameter: nn.Parameter, num_layers: int) -> bool:
     return depth <= num_layers or parameter.shape[0] == parameter.shape[1]
 
 
-def build_optimizer(model: nn.Module, args, rank: int = 0, world_size: int = 1) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, args, *, rank: int = 0, world_size: int = 1,
+                    iteration_dtype: torch.dtype = torch.bfloat16) -> torch.optim.Optimizer:
     """AdamW (or with --optim muon, MuonWithAdamW) with weight decay on weight matrices and embeddings only, never on
     biases or LayerNorm parameters; the word embeddings in a group of their own at --embedding_learning_rate when it
     is given; with --layerwise_lr_decay d < 1, a layer's parameters at d^(layers above it + 1) of the learning rate.
     AdamW's groups come first, the head's first among them, so that the logged learning rate is AdamW's peak.
-    `rank` of `world_size` data-parallel processes, each holding every parameter whole: Muon splits its
-    orthogonalisation among them (ShardedMuon)."""
+    Muon's iterations run in `iteration_dtype`, split among `world_size` data-parallel processes, this one `rank`
+    (see Muon)."""
     words = model.get_input_embeddings().weight if args.embedding_learning_rate is not None else None
     decay_rate, num_layers = args.layerwise_lr_decay, model.config.num_hidden_layers
     muon = args.optim == "muon"
@@ -75,7 +76,18 @@ def build_optimizer(model: nn.Module, args, rank: int = 0, world_size: int = 1) 
              "fused": fusable(adamw_groups + muon_groups)}
     if not muon:
         return torch.optim.AdamW(adamw_groups, **adamw)
-    return MuonWithAdamW(adamw_groups, muon_groups, **adamw, rank=rank, world_size=world_size)
+    return MuonWithAdamW(adamw_groups, muon_groups, **adamw,
+                         muon=dict(iteration_dtype=iteration_dtype, rank=rank, world_size=world_size))
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer, why: str) -> str:
+    """What steps the model, for the log and the results: the optimizer and, for Muon, how its iterations run and
+    (`why`) the reason for their dtype."""
+    if not isinstance(optimizer, MuonWithAdamW):
+        return type(optimizer).__name__
+    muon = optimizer.parts["muon"]
+    matrices = sum(len(group["params"]) for group in muon.param_groups)
+    return f"Muon on {matrices} matrices ({muon.describe()}: {why}), AdamW on the rest"
 
 
 def fusable(groups: list[dict]) -> bool:
@@ -95,14 +107,13 @@ class MuonWithAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, adamw_groups: list[dict], muon_groups: list[dict], betas: tuple[float, float], eps: float,
-                 fused: bool, rank: int = 0, world_size: int = 1):
+                 fused: bool, muon: dict | None = None):
         for name, groups in (("adamw", adamw_groups), ("muon", muon_groups)):
             for group in groups:
                 group["optimizer"] = name  # saved with the group, so that a loaded one finds its part again
         adamw = torch.optim.AdamW(adamw_groups, betas=betas, eps=eps, fused=fused)
         # match_rms_adamw scales each matrix's orthogonal update to AdamW's typical size, 0.2 sqrt(max(rows, cols)).
-        muon = (torch.optim.Muon(muon_groups, adjust_lr_fn="match_rms_adamw") if world_size == 1
-                else ShardedMuon(muon_groups, rank, world_size, adjust_lr_fn="match_rms_adamw"))
+        muon = Muon(muon_groups, adjust_lr_fn="match_rms_adamw", **(muon or {}))
         super().__init__(adamw.param_groups + muon.param_groups, {})
         self.parts = {"adamw": adamw, "muon": muon}
         self._share()
@@ -129,17 +140,28 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._share()
 
 
-class ShardedMuon(torch.optim.Muon):
-    """torch.optim.Muon for `world_size` data-parallel processes that hold the same parameters and, after the
-    all-reduce, the same gradients: each orthogonalises its share of the matrices, and one all-gather hands every
-    process all the updates. torch's Muon has each process run the Newton-Schulz iterations of every matrix, the same
-    work on every process, which made a step of the cram's model 29% longer than AdamW's on 2 processes
-    (docs/SPEED.md). The same arithmetic as torch's (momentum, iterations in bf16, weight decay, step), so the
-    parameters match it bit for bit (tests/test_optimizer.py)."""
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon, with its Newton-Schulz iterations in `iteration_dtype` and split among data-parallel
+    processes.
 
-    def __init__(self, params, rank: int, world_size: int, **settings):
+    - torch iterates in bf16, which only a GPU from Ampere on or a CPU with bf16 matrix units (AMX, AMD's
+      AVX512-BF16) multiplies at speed: on a CPU with AVX2 alone the iterations of the cram's model took 12 s a step
+      in bf16 and 0.5 s in float32 (docs/SPEED.md). The Trainer picks bf16 where the hardware has it, else float32.
+    - `world_size` processes that hold the same parameters and, after data parallelism's all-reduce, the same
+      gradients each orthogonalise their share of the matrices (`owners_of`), and one all-gather hands every process
+      every update; torch's has each process iterate on every matrix, which made a step of the cram's model 29%
+      longer than AdamW's on 2 processes.
+    Otherwise torch's arithmetic in torch's order (momentum, iterations, weight decay, step): in bf16 the parameters
+    match torch's bit for bit, on one process or split (tests/test_optimizer.py)."""
+
+    def __init__(self, params, iteration_dtype: torch.dtype = torch.bfloat16, rank: int = 0, world_size: int = 1,
+                 **settings):
         super().__init__(params, **settings)
-        self.rank, self.world_size = rank, world_size
+        self.iteration_dtype, self.rank, self.world_size = iteration_dtype, rank, world_size
+
+    def describe(self) -> str:
+        split = f", split among {self.world_size} processes" if self.world_size > 1 else ""
+        return f"Newton-Schulz iterations in {str(self.iteration_dtype).removeprefix('torch.')}{split}"
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -159,23 +181,28 @@ class ShardedMuon(torch.optim.Muon):
                 buffer, momentum = state["momentum_buffer"], group["momentum"]
                 buffer.lerp_(param.grad, 1 - momentum)
                 todo.append((group, param, param.grad.lerp(buffer, momentum) if group["nesterov"] else buffer))
-        for (group, param, _), update in zip(todo, self._orthogonalised(todo)):
+        updates = self._orthogonalised(todo)
+        for (group, param, _), update in zip(todo, updates):
             lr = group["lr"]
             param.mul_(1 - lr * group["weight_decay"])
-            param.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], param.shape))
+            param.add_(update, alpha=-lr * update_scale(group["adjust_lr_fn"], param.shape))
         return loss
 
     def _orthogonalised(self, todo: list) -> list[torch.Tensor]:
-        """Each matrix's orthogonalised update (bf16, its shape), computed by the process `owners` names and
-        gathered: every process packs its own into one flat buffer padded to the longest, and all-gathers those."""
+        """Each matrix's orthogonalised update (its shape, in iteration_dtype). Split: the process `owners_of` names
+        computes it; each packs its own into one flat buffer, padded to the longest, and all-gathers those."""
+        def iterate(group, update):
+            return newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.iteration_dtype)
+
+        if self.world_size == 1:
+            return [iterate(group, update) for group, _, update in todo]
         owners = owners_of([param.shape for _, param, _ in todo], self.world_size)
-        mine = [_zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
-                for (group, _, update), owner in zip(todo, owners) if owner == self.rank]
+        mine = [iterate(group, update) for (group, _, update), owner in zip(todo, owners) if owner == self.rank]
         sizes = [sum(param.numel() for (_, param, _), o in zip(todo, owners) if o == r) for r in range(self.world_size)]
         device = todo[0][1].device if todo else "cpu"
-        flat = torch.zeros(max(sizes, default=0), dtype=torch.bfloat16, device=device)
+        flat = torch.zeros(max(sizes, default=0), dtype=self.iteration_dtype, device=device)
         if mine:
-            torch.cat([update.reshape(-1) for update in mine], out=flat[: sizes[self.rank]])
+            flat[: sizes[self.rank]] = torch.cat([update.reshape(-1) for update in mine])
         gathered = [torch.empty_like(flat) for _ in range(self.world_size)]
         torch.distributed.all_gather(gathered, flat)
         offsets, updates = [0] * self.world_size, []
@@ -184,6 +211,30 @@ class ShardedMuon(torch.optim.Muon):
             offsets[owner] += param.numel()
             updates.append(gathered[owner][start : offsets[owner]].view(param.shape))
         return updates
+
+
+def newton_schulz(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """`update` (m, n) -> its orthogonalisation in `dtype`: X <- aX + (bG + cG^2)X with G = XX^T, `steps` times, from
+    X = update / its Frobenius norm, on the wide orientation (G is min(m, n) square). Jordan et al.'s quintic
+    coefficients leave the singular values between about 0.7 and 1.2, not at 1, which trains as well."""
+    a, b, c = coefficients
+    tall = update.size(0) > update.size(1)
+    x = update.to(dtype).T if tall else update.to(dtype)
+    x = x / x.norm().clamp(min=eps)  # not in place: in float32, .to() returned the momentum buffer itself
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def update_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """What torch's Muon multiplies the learning rate by for a (rows, cols) matrix: match_rms_adamw's 0.2 x
+    sqrt(max(rows, cols)) (Liu et al., 2025) or the original sqrt(max(1, rows / cols))."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return math.sqrt(max(1, rows / cols))
 
 
 def owners_of(shapes: list[torch.Size], world_size: int) -> list[int]:
