@@ -2,6 +2,7 @@
 
     python benchmarks/pretrain_throughput.py            # fp32 and bf16, one and two processes
     python benchmarks/pretrain_throughput.py --quick    # a few steps, to check the benchmark runs
+    python benchmarks/pretrain_throughput.py --launches 2:fp32 --optim adamw muon --rounds 2   # AdamW against Muon
 
 Runs the real script (data loading, masking, optimizer, logging) with the settings of the CPU cram's pretraining
 (configs/cram/pretrain.yaml) for a fixed number of steps on the unlabelled text of the training splits in
@@ -10,7 +11,7 @@ core, it times the bare step as benchmarks/speed.py does (forward, backward, cli
 batches of the same shape) of a fresh model built from the config the script saved, after the run and (from the second
 run on) before it, so that the host's drift hits both, and reports the script's tokens/s as a share of the bare
 step's: what the data pipeline, masking, logging and, with two processes, the gradient all-reduce cost. Writes
-benchmarks/results/pretrain_throughput.{json,md}.
+benchmarks/results/pretrain_throughput.{json,md} (or --output_name's).
 """
 
 import argparse
@@ -83,8 +84,9 @@ def bare_step_times(config: SineBertConfig, precision: str, batch: int, steps: i
     return times[warmup:]
 
 
-def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: Path, steps: int, batch: int) -> dict:
-    out = work / f"run_{processes}_{precision}"
+def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: Path, steps: int, batch: int,
+            optim: str = "adamw") -> dict:
+    out = work / f"run_{processes}_{precision}_{optim}"
     bare_precision = "bf16" if precision == "bf16" else "fp32"
     # The bare step is timed before the run (once the first run has saved the model's config) and after it.
     config = SineBertConfig.from_pretrained(work) if (work / "config.json").exists() else None
@@ -95,7 +97,7 @@ def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: P
         "--per_device_train_batch_size", str(batch // processes),
         "--max_train_tokens", str(steps * batch * 128),  # the recipe's budget is in tokens: this many steps of it
         "--logging_steps", str(max(1, steps // 8)), "--eval_steps", str(10 * steps), "--max_eval_samples", "64",
-        "--output_dir", str(out), "--overwrite_output_dir",
+        "--output_dir", str(out), "--overwrite_output_dir", "--optim", optim,
     ])
     wall = time.perf_counter() - start
     if config is None:
@@ -106,7 +108,7 @@ def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: P
     windows = [r["tokens_per_second"] for r in rows if "tokens_per_second" in r][1:]  # first window: warm-up
     script, step = statistics.median(windows), batch * 128 / statistics.median(bare)
     return {
-        "processes": processes, "precision": precision, "tokens_per_second": script,
+        "processes": processes, "precision": precision, "optim": optim, "tokens_per_second": script,
         "bare_step_tokens_per_second": step, "share_of_bare_step": script / step,
         "steps": steps, "global_batch": batch, "wall_seconds": round(wall, 1),
     }
@@ -120,17 +122,26 @@ def main():
                         help="Steps of the bf16 runs: fewer on CPUs without native bf16 matmuls (no AVX512-BF16 or "
                              "AMX), which run them many times slower.")
     parser.add_argument("--batch", type=int, default=32, help="Global batch (split over processes).")
+    parser.add_argument("--launches", nargs="+", default=["1:fp32", "1:bf16", "2:fp32", "2:bf16"],
+                        help="PROCESSES:PRECISION pairs to run (precision fp32 or bf16).")
+    parser.add_argument("--optim", nargs="+", default=["adamw"], choices=["adamw", "muon"],
+                        help="The script's --optim for each launch; the bare step is always fused AdamW's.")
+    parser.add_argument("--rounds", type=int, default=1, help="Times to run every launch and optimizer, in turn.")
+    parser.add_argument("--output_name", default="pretrain_throughput",
+                        help="The results' file name in benchmarks/results (.json and .md).")
     args = parser.parse_args()
+    launches = [(int(p), {"fp32": "no", "bf16": "bf16"}[precision])
+                for p, precision in (launch.split(":") for launch in args.launches)]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = training_text(work, 20000)
         subprocess.run([sys.executable, str(ROOT / "scripts" / "train_tokenizer.py"), "--train_file", str(data),
                         "--vocab_size", "16000", "--output_dir", str(work / "tokenizer")], check=True,
                        capture_output=True)
-        configs = [(1, "no")] if args.quick else [(1, "no"), (1, "bf16"), (2, "no"), (2, "bf16")]
+        configs = [(1, "no")] if args.quick else launches
         steps = {"no": 10 if args.quick else args.steps, "bf16": args.bf16_steps}
-        results = [measure(p, precision, data, work / "tokenizer", work, steps[precision], args.batch)
-                   for p, precision in configs]
+        results = [measure(p, precision, data, work / "tokenizer", work, steps[precision], args.batch, optim)
+                   for _ in range(args.rounds) for p, precision in configs for optim in args.optim]
     report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
               f"{os.cpu_count()} cores",
               "model": "configs/cram/pretrain.yaml: hidden 256, 4 layers, 4 heads, FFN 1024, vocab 16000, seq 128",
@@ -139,15 +150,16 @@ def main():
         print(json.dumps(report, indent=2))
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "pretrain_throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{args.output_name}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"Pretraining throughput of scripts/pretrain.py ({report['model']}, global batch {args.batch}), "
              f"{report['date']}, {report['machine']}.", "",
-             "| processes | precision | script tokens/s | bare step tokens/s | script / bare step | steps |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['processes']} | {'fp32' if r['precision'] == 'no' else r['precision']} | "
+             "| processes | precision | optimizer | script tokens/s | bare step tokens/s | script / bare step "
+             "| steps |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['processes']} | {'fp32' if r['precision'] == 'no' else r['precision']} | {r['optim']} | "
               f"{r['tokens_per_second']:,.0f} | {r['bare_step_tokens_per_second']:,.0f} | "
               f"{r['share_of_bare_step']:.1%} | {r['steps']} |" for r in results]
-    (RESULTS / "pretrain_throughput.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.output_name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

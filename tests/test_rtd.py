@@ -173,8 +173,8 @@ def test_two_processes_match_one_process_with_twice_the_batch(text_corpus, token
                   processes=2)
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == list(range(1, 7))
-    for step in one:
-        assert two[step] == pytest.approx(one[step], abs=1e-4)
+    for step in one:  # float32 sums in another order: 6.5e-6 apart (relative) after 6 steps on an AVX2-only CPU
+        assert two[step] == pytest.approx(one[step], rel=2e-5)
 
 
 def test_streaming_and_what_rtd_refuses(text_corpus, tokenizer_dir, tmp_path, capsys):

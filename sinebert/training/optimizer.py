@@ -149,8 +149,8 @@ class Muon(torch.optim.Muon):
       in bf16 and 0.5 s in float32 (docs/SPEED.md). The Trainer picks bf16 where the hardware has it, else float32.
     - `world_size` processes that hold the same parameters and, after data parallelism's all-reduce, the same
       gradients each orthogonalise their share of the matrices (`owners_of`), and one all-gather hands every process
-      every update; torch's has each process iterate on every matrix, which made a step of the cram's model 29%
-      longer than AdamW's on 2 processes.
+      every update; torch's has each process iterate on every matrix. On 2 AVX2 cores in float32 the split took a
+      step of the cram's model from 48% longer than AdamW's to 18% (docs/SPEED.md).
     Otherwise torch's arithmetic in torch's order (momentum, iterations, weight decay, step): in bf16 the parameters
     match torch's bit for bit, on one process or split (tests/test_optimizer.py)."""
 
@@ -192,7 +192,8 @@ class Muon(torch.optim.Muon):
         """Each matrix's orthogonalised update (its shape, in iteration_dtype). Split: the process `owners_of` names
         computes it; each packs its own into one flat buffer, padded to the longest, and all-gathers those."""
         def iterate(group, update):
-            return newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.iteration_dtype)
+            dtype = self.iteration_dtype
+            return newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
 
         if self.world_size == 1:
             return [iterate(group, update) for group, _, update in todo]
