@@ -44,9 +44,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import speed  # noqa: E402
 from recipes import cram_data  # noqa: E402
 from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
-from sinebert.training.loop import cpu_has_native_bf16  # noqa: E402
+from sinebert.training.loop import bf16_matmuls_are_fast, cpu_has_native_bf16  # noqa: E402
 from sinebert.training.mlm import MaskingCollator, pack_texts  # noqa: E402
-from sinebert.training.loop import bf16_matmuls_are_fast  # noqa: E402
 from sinebert.training.optimizer import MUON_LEARNING_RATE_RATIO, MuonWithAdamW, takes_muon  # noqa: E402
 from sinebert.training.tokenizer import train_wordpiece  # noqa: E402
 

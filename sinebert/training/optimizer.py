@@ -200,20 +200,19 @@ class Muon(torch.optim.Muon):
         if self.world_size == 1:
             return [iterate(group, update) for group, _, update in todo]
         owners = owners_of([param.shape for _, param, _ in todo], self.world_size)
+        starts, sizes = [], [0] * self.world_size  # each matrix's place in its owner's buffer; each buffer's length
+        for (_, param, _), owner in zip(todo, owners):
+            starts.append(sizes[owner])
+            sizes[owner] += param.numel()
         mine = [iterate(group, update) for (group, _, update), owner in zip(todo, owners) if owner == self.rank]
-        sizes = [sum(param.numel() for (_, param, _), o in zip(todo, owners) if o == r) for r in range(self.world_size)]
         device = todo[0][1].device if todo else "cpu"
-        flat = torch.zeros(max(sizes, default=0), dtype=self.iteration_dtype, device=device)
+        flat = torch.zeros(max(sizes), dtype=self.iteration_dtype, device=device)
         if mine:
             flat[: sizes[self.rank]] = torch.cat([update.reshape(-1) for update in mine])
         gathered = [torch.empty_like(flat) for _ in range(self.world_size)]
         torch.distributed.all_gather(gathered, flat)
-        offsets, updates = [0] * self.world_size, []
-        for (_, param, _), owner in zip(todo, owners):
-            start = offsets[owner]
-            offsets[owner] += param.numel()
-            updates.append(gathered[owner][start : offsets[owner]].view(param.shape))
-        return updates
+        return [gathered[owner][start : start + param.numel()].view(param.shape)
+                for (_, param, _), owner, start in zip(todo, owners, starts)]
 
 
 def newton_schulz(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
