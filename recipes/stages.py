@@ -79,17 +79,18 @@ def decide_launch(processes: int | None = None, threads: int | None = None) -> L
     operation whenever another job holds a core). bf16 where the hardware multiplies it natively and fast."""
     import torch
 
-    from sinebert.training.loop import cpu_bf16_is_fast
+    from sinebert.training.loop import bf16_matmuls_are_fast
 
     if processes is not None and processes < 1 or threads is not None and threads < 1:
         raise UserError(f"--num_processes and --threads must be at least 1, got {processes} and {threads}.")
     if torch.cuda.is_available():
         gpus = torch.cuda.device_count()
-        bf16 = torch.cuda.is_bf16_supported()
-        return Launch(gpus, processes or gpus, 1, bf16, "the GPU " + ("supports" if bf16 else "lacks") + " bf16")
+        # Native bf16 only: a GPU before Ampere emulates it, many times slower than float32.
+        bf16, why = bf16_matmuls_are_fast(torch.device("cuda"))
+        return Launch(gpus, processes or gpus, 1, bf16, why)
     cores = os.cpu_count() or 1
     processes = processes or min(2, cores)
-    bf16, why = cpu_bf16_is_fast()
+    bf16, why = bf16_matmuls_are_fast(torch.device("cpu"))
     return Launch(0, processes, threads or max(1, cores // processes), bf16, why)
 
 
