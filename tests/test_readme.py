@@ -1,11 +1,15 @@
 """The README's usage section runs as written, and every command in the README and in docs/ names a make target, a
 script or module that exists, with flags that its parser accepts."""
 
+import io
 import re
+import runpy
 import shlex
 import subprocess
 import sys
+from contextlib import chdir, redirect_stdout
 from functools import cache
+from unittest.mock import patch
 
 import pytest
 
@@ -42,10 +46,18 @@ def commands() -> list[tuple[str, str]]:
 
 @cache
 def help_text(*program: str) -> str:
-    result = subprocess.run([sys.executable, *program, "--help"], capture_output=True, text=True, timeout=300,
-                            cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
+    """What `python <program> --help` prints. Run in this process (runpy, as the interpreter runs a script or `-m`):
+    a fresh interpreter per program spent ten seconds importing torch and transformers again."""
+    target, *rest = program[1:] if program[0] == "-m" else program
+    out = io.StringIO()
+    with patch.object(sys, "argv", [target, *rest, "--help"]), redirect_stdout(out), chdir(ROOT), \
+            pytest.raises(SystemExit) as end:
+        if program[0] == "-m":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(str(ROOT / target), run_name="__main__")
+    assert end.value.code in (0, None), f"{' '.join(program)} --help ended with {end.value.code}"
+    return out.getvalue()
 
 
 @pytest.mark.parametrize(("page", "command"), commands())
