@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from sinebert.training.checkpoint import CheckpointError, CheckpointManager
-from tests.conftest import ROOT, accelerate_command
+from tests.conftest import ROOT, accelerate_command, load_script, user_error
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +60,12 @@ def error_line(result) -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, result.stderr[-3000:]
     return lines[0]
+
+
+def refusal(capsys, args, out) -> str:
+    """The one sentence with which the script refuses to start on `out` (exit status 2). In this process: a refusal
+    comes before any training, and a launch would spend its seconds importing torch and transformers."""
+    return user_error(capsys, load_script("pretrain"), [*args, "--output_dir", out])
 
 
 def losses(folder) -> dict[int, float]:
@@ -113,7 +119,6 @@ def test_whole_job_killed_at_a_random_step(run_args, reference, tmp_path):
 
 def test_a_second_job_on_a_running_folder_is_refused_and_a_killed_job_leaves_no_lock(run_args, tmp_path, capsys):
     from sinebert.training.loop import RunLock
-    from tests.conftest import load_script, user_error
 
     out = tmp_path / "run"
     env = {**os.environ, "ACCELERATE_USE_CPU": "true"}
@@ -237,31 +242,30 @@ def test_every_damage_is_named_and_the_fallback_takes_the_intact_checkpoint_befo
 
 
 @pytest.mark.parametrize("damage", ["truncate", "random state"])
-def test_damaged_checkpoint_is_named_and_skipped_when_asked(run_args, reference, tmp_path, damage):
+def test_damaged_checkpoint_is_named_and_skipped_when_asked(run_args, reference, tmp_path, damage, capsys):
     """End to end, for a damaged file and for the part accelerate would skip: the run's own sentence, then
     --resume_fallback resumes exactly."""
     out = tmp_path / "run"
     shutil.copytree(reference[1], out)
     named, said = damage_checkpoint(out / "checkpoints" / f"step_{STEPS:08d}", damage)
-    error = error_line(run([*run_args, "--resume_from_checkpoint", "latest"], out, expect_ok=False))
+    error = refusal(capsys, [*run_args, "--resume_from_checkpoint", "latest"], out)
     assert named in error and said in error and "--resume_fallback" in error, error
     recovered = resume(run_args, out, 1, "--resume_fallback")
     assert f"step_{STEPS - 2:08d} at step {STEPS - 2}" in recovered.stdout
     assert_same_run(out, reference[1])
 
 
-def test_resuming_with_another_model_size_is_one_sentence(run_args, reference, tmp_path):
+def test_resuming_with_another_model_size_is_one_sentence(run_args, reference, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(reference[1], out)
-    result = run([*run_args, "--hidden_size", 64, "--resume_from_checkpoint", "latest"], out, expect_ok=False)
-    assert "was written by a model of another size" in error_line(result) and "args.json" in error_line(result)
+    error = refusal(capsys, [*run_args, "--hidden_size", 64, "--resume_from_checkpoint", "latest"], out)
+    assert "was written by a model of another size" in error and "args.json" in error
 
 
-def test_resuming_with_another_learning_rate_is_refused_not_ignored(run_args, reference, tmp_path):
+def test_resuming_with_another_learning_rate_is_refused_not_ignored(run_args, reference, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(reference[1], out)
-    error = error_line(run([*run_args, "--learning_rate", "5e-4", "--resume_from_checkpoint", "latest"], out,
-                           expect_ok=False))
+    error = refusal(capsys, [*run_args, "--learning_rate", "5e-4", "--resume_from_checkpoint", "latest"], out)
     assert "--learning_rate 0.0005 (the checkpoint's run: 0.001)" in error, error
 
 
