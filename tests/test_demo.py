@@ -302,12 +302,12 @@ def test_launch_commands_use_two_cpu_processes_or_every_gpu(monkeypatch):
     command = gpus.command("pretrain.py")
     assert command[command.index("--num_processes") + 1] == "4"
     assert command[command.index("--mixed_precision") + 1] == "bf16"
+    assert "--num_cpu_threads_per_process" not in command and "ACCELERATE_USE_CPU" not in gpus.env()
     # A GPU before Ampere only emulates bf16 (many times slower than float32): it trains in float32.
     monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda including_emulation=True: including_emulation)
     emulating = stages.decide_launch()
     command = emulating.command("pretrain.py")
     assert command[command.index("--mixed_precision") + 1] == "no" and "no native bf16" in emulating.why
-    assert "--num_cpu_threads_per_process" not in command and "ACCELERATE_USE_CPU" not in gpus.env()
     # The rendezvous port changes between runs without making a finished stage look different.
     assert stages.signature(cpu.command("pretrain.py")) == stages.signature(cpu.command("pretrain.py"))
 
