@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import speed  # noqa: E402
 from recipes import cram_data  # noqa: E402
 from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
-from sinebert.training.loop import bf16_matmuls_are_fast, cpu_has_native_bf16  # noqa: E402
+from sinebert.training.loop import cpu_has_native_bf16, muon_iteration_dtype  # noqa: E402
 from sinebert.training.mlm import MaskingCollator, pack_texts  # noqa: E402
 from sinebert.training.optimizer import MUON_LEARNING_RATE_RATIO, MuonWithAdamW, takes_muon  # noqa: E402
 from sinebert.training.tokenizer import train_wordpiece  # noqa: E402
@@ -113,8 +113,7 @@ def optimizer_of(name: str, model: torch.nn.Module, peak: float) -> torch.optim.
     if name != "sinebert_muon":
         return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak, **settings}], betas=BETAS,
                                  fused=True)
-    bf16, _ = bf16_matmuls_are_fast(next(model.parameters()).device)
-    iteration_dtype = torch.bfloat16 if bf16 else torch.float32
+    iteration_dtype, _ = muon_iteration_dtype(next(model.parameters()).device)
     matrices, rest = [], []
     for parameter_name, p in model.named_parameters():  # (the tied decoder appears once, as the word embeddings)
         (matrices if takes_muon(parameter_name, p, model.config.num_hidden_layers) else rest).append(p)

@@ -193,6 +193,7 @@ def test_the_trainer_iterates_in_bf16_only_where_the_hardware_multiplies_it_at_s
                                 ({"avx512_bf16"}, "GenuineIntel", False), ({"amx_bf16"}, "GenuineIntel", True)):
         monkeypatch.setattr(loop, "_cpu_flags", lambda: (vendor, flags))
         assert loop.bf16_matmuls_are_fast(cpu)[0] is fast
+        assert loop.muon_iteration_dtype(cpu)[0] == (torch.bfloat16 if fast else torch.float32)
     model = SineBertForMaskedLM(tiny_config())
     optimizer = build_optimizer(model, _args(optim="muon"), world_size=1, iteration_dtype=torch.float32)
     description = optimizers.describe_optimizer(optimizer, "this CPU has no bf16 matrix instructions")

@@ -194,6 +194,13 @@ def bf16_matmuls_are_fast(device: torch.device) -> tuple[bool, str]:
     return False, f"bf16 matrix speed on {device.type} is not known here"
 
 
+def muon_iteration_dtype(device: torch.device) -> tuple[torch.dtype, str]:
+    """The dtype of Muon's Newton-Schulz iterations on `device`: bf16 where it multiplies bf16 at speed
+    (`bf16_matmuls_are_fast`), else float32; and why."""
+    fast, why = bf16_matmuls_are_fast(device)
+    return torch.bfloat16 if fast else torch.float32, why
+
+
 def claim_output_dir(args, accelerator: Accelerator):
     """Take the output folder for this job: one job per folder (RunLock), and never over a different run unless
     --overwrite_output_dir; resuming continues the run there. The main process decides; every process learns its
@@ -351,9 +358,9 @@ class Trainer:
             accelerator.print("attention: " + "; ".join(self.attention_kernels))
         # Data-parallel processes hold every parameter whole and can split Muon's work; FSDP's hold shards.
         replicas = 1 if is_sharded(accelerator) else accelerator.num_processes
-        bf16, why = bf16_matmuls_are_fast(accelerator.device)
+        iteration_dtype, why = muon_iteration_dtype(accelerator.device)
         optimizer = build_optimizer(model, args, rank=accelerator.process_index, world_size=replicas,
-                                    iteration_dtype=torch.bfloat16 if bf16 else torch.float32)
+                                    iteration_dtype=iteration_dtype)
         self.optimizer_description = describe_optimizer(optimizer, why)
         accelerator.print(f"optimizer: {self.optimizer_description}")
         self.state = TrainerState(settings={k: getattr(args, k) for k in RESUME_SETTINGS if hasattr(args, k)})
