@@ -114,6 +114,14 @@ def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: P
     }
 
 
+def launch_of(text: str) -> tuple[int, str]:
+    """--launches' PROCESSES:PRECISION as (processes, the script's --mixed_precision)."""
+    processes, _, precision = text.partition(":")
+    if not processes.isdigit() or int(processes) < 1 or precision not in ("fp32", "bf16"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not PROCESSES:PRECISION; write e.g. 2:fp32 or 1:bf16")
+    return int(processes), "no" if precision == "fp32" else "bf16"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="A few steps of one configuration.")
@@ -122,23 +130,22 @@ def main():
                         help="Steps of the bf16 runs: fewer on CPUs without native bf16 matmuls (no AVX512-BF16 or "
                              "AMX), which run them many times slower.")
     parser.add_argument("--batch", type=int, default=32, help="Global batch (split over processes).")
-    parser.add_argument("--launches", nargs="+", default=["1:fp32", "1:bf16", "2:fp32", "2:bf16"],
-                        help="PROCESSES:PRECISION pairs to run (precision fp32 or bf16).")
+    parser.add_argument("--launches", nargs="+", type=launch_of,
+                        default=[(1, "no"), (1, "bf16"), (2, "no"), (2, "bf16")],
+                        help="PROCESSES:PRECISION pairs to run (precision fp32 or bf16), e.g. 2:fp32.")
     parser.add_argument("--optim", nargs="+", default=["adamw"], choices=["adamw", "muon"],
                         help="The script's --optim for each launch; the bare step is always fused AdamW's.")
     parser.add_argument("--rounds", type=int, default=1, help="Times to run every launch and optimizer, in turn.")
     parser.add_argument("--output_name", default="pretrain_throughput",
                         help="The results' file name in benchmarks/results (.json and .md).")
     args = parser.parse_args()
-    launches = [(int(p), {"fp32": "no", "bf16": "bf16"}[precision])
-                for p, precision in (launch.split(":") for launch in args.launches)]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = training_text(work, 20000)
         subprocess.run([sys.executable, str(ROOT / "scripts" / "train_tokenizer.py"), "--train_file", str(data),
                         "--vocab_size", "16000", "--output_dir", str(work / "tokenizer")], check=True,
                        capture_output=True)
-        configs = [(1, "no")] if args.quick else launches
+        configs = [(1, "no")] if args.quick else args.launches
         steps = {"no": 10 if args.quick else args.steps, "bf16": args.bf16_steps}
         results = [measure(p, precision, data, work / "tokenizer", work, steps[precision], args.batch, optim)
                    for _ in range(args.rounds) for p, precision in configs for optim in args.optim]
