@@ -83,14 +83,14 @@ def decide_launch(processes: int | None = None, threads: int | None = None) -> L
 
     if processes is not None and processes < 1 or threads is not None and threads < 1:
         raise UserError(f"--num_processes and --threads must be at least 1, got {processes} and {threads}.")
-    if torch.cuda.is_available():
+    gpu = torch.cuda.is_available()
+    # bf16 only where it runs at speed: a GPU before Ampere emulates it, and most CPUs run it slower than float32.
+    bf16, why = bf16_matmuls_are_fast(torch.device("cuda" if gpu else "cpu"))
+    if gpu:
         gpus = torch.cuda.device_count()
-        # Native bf16 only: a GPU before Ampere emulates it, many times slower than float32.
-        bf16, why = bf16_matmuls_are_fast(torch.device("cuda"))
         return Launch(gpus, processes or gpus, 1, bf16, why)
     cores = os.cpu_count() or 1
     processes = processes or min(2, cores)
-    bf16, why = bf16_matmuls_are_fast(torch.device("cpu"))
     return Launch(0, processes, threads or max(1, cores // processes), bf16, why)
 
 
