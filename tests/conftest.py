@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny config, the committed test corpus (tests/fixtures), a tokenizer trained on its text, and a
 guard that fails any test that opens a network connection. Nothing here needs ../shared: the suite runs anywhere."""
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from recipes.stages import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +37,8 @@ def accelerate_command(script: str, processes: int = 1, threads: int = 1, config
         launcher += ["--config_file", str(ROOT / "configs" / "accelerate" / config), "--num_processes", str(processes)]
     else:
         launcher += ["--num_processes", "1"] if processes == 1 else ["--multi_gpu", "--num_processes", str(processes)]
+    if processes > 1:  # a port of its own: accelerate's default 29500 would clash with a launch running beside it
+        launcher += ["--main_process_port", str(free_port())]
     return [*launcher, script]
 
 
@@ -44,6 +49,26 @@ def launch_script(name: str, *args, processes: int = 1, threads: int = 1, timeou
                             env={**os.environ, "ACCELERATE_USE_CPU": "true"}, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch on `count` threads inside the block, as `accelerate launch --num_cpu_threads_per_process` runs one."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def run_here(name: str, *args, threads: int = 2):
+    """scripts/<name>.py's main in this process on `threads` threads, as `launch_script` runs one process: for the runs
+    whose subject is not the launch. (A launch spends about 12 of its 15 s importing torch and transformers.)"""
+    with torch_threads(threads):
+        load_script(name).main([str(a) for a in args])
 
 
 @pytest.fixture(autouse=True, scope="session")

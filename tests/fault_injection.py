@@ -9,7 +9,8 @@
     nan_loss:<step>             the training loss of optimizer step <step> is NaN
 
 Usage (also as the script of `accelerate launch`): python tests/fault_injection.py scripts/pretrain.py ARGS...
-The faults are injected by wrapping sinebert's own functions; the script itself is unchanged.
+The faults are injected by wrapping sinebert's own functions; the script itself is unchanged. A test that runs a
+script in its own process calls `inject` instead, after saving the attributes of PATCHED to put them back.
 """
 
 import errno
@@ -19,8 +20,9 @@ import signal
 import sys
 
 import torch
+from transformers import PreTrainedModel
 
-from sinebert.training import checkpoint, loop
+from sinebert.training import checkpoint, loop, reporting
 
 
 def _rank() -> int:
@@ -93,8 +95,6 @@ def disk_full(n: str, writer: str = "os"):
 
 
 def disk_full_final():
-    from transformers import PreTrainedModel
-
     def fail(self, folder, *args, **kwargs):
         os.makedirs(folder, exist_ok=True)
         open(os.path.join(folder, "model.safetensors"), "wb").close()  # a partial file, as a real failure leaves
@@ -105,8 +105,6 @@ def disk_full_final():
 
 def disk_full_log(step: str):
     from pathlib import Path
-
-    from sinebert.training import reporting
 
     original = reporting.MetricsLog.write
 
@@ -151,9 +149,19 @@ def nan_loss(step: str):
 FAULTS = {"kill_rank": kill_rank, "kill_in_save": kill_in_save, "disk_full": disk_full, "nan_loss": nan_loss,
           "disk_full_final": disk_full_final, "disk_full_log": disk_full_log}
 
-if __name__ == "__main__":
-    name, *params = os.environ["SINEBERT_FAULT"].split(":")
+# (class, attribute) of everything a fault replaces.
+PATCHED = [(loop.Trainer, "_optimizer_step"), (checkpoint.CheckpointManager, "__init__"),
+           (PreTrainedModel, "save_pretrained"), (reporting.MetricsLog, "write")]
+
+
+def inject(fault: str):
+    """Install `fault`, written as SINEBERT_FAULT takes it (`nan_loss:5`)."""
+    name, *params = fault.split(":")
     FAULTS[name](*params)
+
+
+if __name__ == "__main__":
+    inject(os.environ["SINEBERT_FAULT"])
     script, *arguments = sys.argv[1:]
     sys.argv = [script, *arguments]
     runpy.run_path(script, run_name="__main__")

@@ -2,6 +2,7 @@
 checkpoints, NaN losses and a full disk, each followed by the check that matters (exact resumption, a clear error,
 the last good checkpoint intact)."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,7 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from sinebert.training.checkpoint import CheckpointError, CheckpointManager
-from tests.conftest import ROOT, accelerate_command, load_script, user_error
+from tests import fault_injection
+from tests.conftest import ROOT, accelerate_command, load_script, run_here, torch_threads, user_error
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +43,13 @@ def run_args(tmp_path_factory, sentences, tokenizer_dir):
     ]
 
 
-def run(args, out, processes=1, fault=None, expect_ok=True, script="scripts/pretrain.py"):
+def run(args, out, processes=1, fault=None, expect_ok=True):
+    """The pretraining script launched on `processes` processes, with `fault` injected."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "true"}
-    cmd = command(processes, script)
+    cmd = command(processes, "scripts/pretrain.py")
     if fault:
         env["SINEBERT_FAULT"] = fault
-        cmd = [*command(processes, "tests/fault_injection.py"), script]
+        cmd = [*command(processes, "tests/fault_injection.py"), "scripts/pretrain.py"]
     result = subprocess.run([*cmd, *map(str, args), "--output_dir", str(out)], capture_output=True, text=True,
                             timeout=600, env=env, cwd=ROOT)
     if expect_ok:
@@ -54,18 +57,23 @@ def run(args, out, processes=1, fault=None, expect_ok=True, script="scripts/pret
     return result
 
 
-def error_line(result) -> str:
-    """The script's one-sentence error. (accelerate launch adds its own report that the child failed.)"""
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, result.stderr[-3000:]
-    return lines[0]
+@contextlib.contextmanager
+def here(fault=None):
+    """The pretraining script, to run in this process on 2 threads as `run` launches one process, with `fault`
+    injected for the block. For what needs no process of its own: refusals, the faults the loop itself handles (a NaN
+    loss, a full disk) and resumes. (A launch spends most of its 15 s importing torch and transformers.)"""
+    with pytest.MonkeyPatch.context() as patch, torch_threads(2):
+        if fault:
+            for owner, name in fault_injection.PATCHED:
+                patch.setattr(owner, name, getattr(owner, name))  # put back when the block ends
+            fault_injection.inject(fault)
+        yield load_script("pretrain")
 
 
-def refusal(capsys, args, out) -> str:
-    """The one sentence with which the script refuses to start on `out` (exit status 2). In this process: a refusal
-    comes before any training, and a launch would spend its seconds importing torch and transformers."""
-    return user_error(capsys, load_script("pretrain"), [*args, "--output_dir", out])
+def error_here(capsys, args, out, fault=None) -> str:
+    """The one sentence (exit status 2) with which the script, run here, refuses to start or stops."""
+    with here(fault) as script:
+        return user_error(capsys, script, [*args, "--output_dir", out])
 
 
 def losses(folder) -> dict[int, float]:
@@ -81,16 +89,22 @@ def assert_same_run(folder, reference):
 
 @pytest.fixture(scope="module")
 def reference(run_args, tmp_path_factory):
-    """Uninterrupted runs with one and with two processes."""
-    folders = {}
-    for processes in (1, 2):
-        folders[processes] = tmp_path_factory.mktemp(f"reference{processes}")
-        run(run_args, folders[processes], processes)
+    """Uninterrupted runs: one process (run here) and two processes (launched)."""
+    folders = {1: tmp_path_factory.mktemp("reference1"), 2: tmp_path_factory.mktemp("reference2")}
+    run_here("pretrain", *run_args, "--output_dir", folders[1])
+    run(run_args, folders[2], 2)
     return folders
 
 
-def resume(run_args, out, processes=1, *extra):
-    return run([*run_args, "--resume_from_checkpoint", "latest", *extra], out, processes)
+def resume(run_args, out, processes):
+    return run([*run_args, "--resume_from_checkpoint", "latest"], out, processes)
+
+
+def resume_here(capsys, run_args, out, *extra) -> str:
+    """Resume `out` in this process; returns what the run printed."""
+    capsys.readouterr()
+    run_here("pretrain", *run_args, "--resume_from_checkpoint", "latest", *extra, "--output_dir", out)
+    return capsys.readouterr().out
 
 
 def test_whole_job_killed_at_a_random_step(run_args, reference, tmp_path):
@@ -175,14 +189,14 @@ def test_one_rank_killed(run_args, reference, tmp_path):
     assert_same_run(out, reference[2])
 
 
-def test_kill_while_writing_a_checkpoint(run_args, reference, tmp_path):
+def test_kill_while_writing_a_checkpoint(run_args, reference, tmp_path, capsys):
     out = tmp_path / "run"
     failed = run(run_args, out, 1, fault="kill_in_save:3", expect_ok=False)  # the 3rd checkpoint is step 6
     assert failed.returncode != 0
     folders = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert folders == [".tmp-step_00000006", "step_00000002", "step_00000004"]
-    resumed = resume(run_args, out)
-    assert "Resumed from" in resumed.stdout and "step_00000004 at step 4" in resumed.stdout
+    printed = resume_here(capsys, run_args, out)
+    assert "Resumed from" in printed and "step_00000004 at step 4" in printed
     assert_same_run(out, reference[1])
     assert not list((out / "checkpoints").glob(".tmp-*"))
 
@@ -248,30 +262,29 @@ def test_damaged_checkpoint_is_named_and_skipped_when_asked(run_args, reference,
     out = tmp_path / "run"
     shutil.copytree(reference[1], out)
     named, said = damage_checkpoint(out / "checkpoints" / f"step_{STEPS:08d}", damage)
-    error = refusal(capsys, [*run_args, "--resume_from_checkpoint", "latest"], out)
+    error = error_here(capsys, [*run_args, "--resume_from_checkpoint", "latest"], out)
     assert named in error and said in error and "--resume_fallback" in error, error
-    recovered = resume(run_args, out, 1, "--resume_fallback")
-    assert f"step_{STEPS - 2:08d} at step {STEPS - 2}" in recovered.stdout
+    assert f"step_{STEPS - 2:08d} at step {STEPS - 2}" in resume_here(capsys, run_args, out, "--resume_fallback")
     assert_same_run(out, reference[1])
 
 
 def test_resuming_with_another_model_size_is_one_sentence(run_args, reference, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(reference[1], out)
-    error = refusal(capsys, [*run_args, "--hidden_size", 64, "--resume_from_checkpoint", "latest"], out)
+    error = error_here(capsys, [*run_args, "--hidden_size", 64, "--resume_from_checkpoint", "latest"], out)
     assert "was written by a model of another size" in error and "args.json" in error
 
 
 def test_resuming_with_another_learning_rate_is_refused_not_ignored(run_args, reference, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(reference[1], out)
-    error = refusal(capsys, [*run_args, "--learning_rate", "5e-4", "--resume_from_checkpoint", "latest"], out)
+    error = error_here(capsys, [*run_args, "--learning_rate", "5e-4", "--resume_from_checkpoint", "latest"], out)
     assert "--learning_rate 0.0005 (the checkpoint's run: 0.001)" in error, error
 
 
-def test_nan_loss_stops_with_the_last_good_checkpoint_kept(run_args, tmp_path):
+def test_nan_loss_stops_with_the_last_good_checkpoint_kept(run_args, tmp_path, capsys):
     out = tmp_path / "run"
-    error = error_line(run(run_args, out, 1, fault="nan_loss:5", expect_ok=False))
+    error = error_here(capsys, run_args, out, "nan_loss:5")
     assert error.startswith("error: The training loss became NaN/Inf at step 5")
     assert "the last good checkpoint is" in error and "step_00000004" in error
     manager = CheckpointManager(_FakeAccelerator(), out)
@@ -280,7 +293,8 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_kept(run_args, tmp_path):
 
 def test_nan_loss_skip_drops_that_update(run_args, tmp_path):
     out = tmp_path / "run"
-    run([*run_args, "--nonfinite_loss", "skip"], out, 1, fault="nan_loss:5")
+    with here("nan_loss:5") as script:
+        script.main([str(a) for a in [*run_args, "--nonfinite_loss", "skip", "--output_dir", out]])
     logged = losses(out)
     assert logged[5] != logged[5] and all(logged[s] == logged[s] for s in logged if s != 5)  # NaN only at step 5
     assert all(torch.isfinite(t).all() for t in load_file(out / "model.safetensors").values())
@@ -297,10 +311,10 @@ def test_each_writer_s_full_disk_is_recognised():
     assert write_failure(ValueError("not a write")) is None
 
 
-def test_disk_full_while_saving_keeps_the_previous_checkpoint(run_args, tmp_path):
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(run_args, tmp_path, capsys):
     """torch.save of the optimizer fails on a full disk in its own words (not an OSError): one sentence."""
     out = tmp_path / "run"
-    error = error_line(run(run_args, out, 1, fault="disk_full:2:torch", expect_ok=False))
+    error = error_here(capsys, run_args, out, "disk_full:2:torch")
     assert "because the disk is full" in error and "the previous checkpoint step_00000002 is intact" in error
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002"]
     manager = CheckpointManager(_FakeAccelerator(), out)
@@ -310,12 +324,12 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(run_args, tmp_path
 @pytest.mark.parametrize(("fault", "said"), [("disk_full_final", "Could not save the final model"),
                                              ("disk_full_log:5", "Could not append to")])
 def test_disk_full_in_the_final_save_or_the_log_is_one_sentence_and_resumes_exactly(run_args, reference, tmp_path,
-                                                                                    fault, said):
+                                                                                    fault, said, capsys):
     out = tmp_path / "run"
-    error = error_line(run(run_args, out, 1, fault=fault, expect_ok=False))
+    error = error_here(capsys, run_args, out, fault)
     assert said in error and "because the disk is full" in error and "--resume_from_checkpoint latest" in error
     assert not (out / ".tmp-final").exists()
-    resume(run_args, out, 1)
+    resume_here(capsys, run_args, out)
     assert_same_run(out, reference[1])
 
 

@@ -14,7 +14,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401
 from sinebert.training.loop import bf16_matmuls_are_fast
-from tests.conftest import ROOT, accelerate_command, check_model_card, launch_script, load_script, user_error
+from tests.conftest import ROOT, accelerate_command, check_model_card, launch_script, load_script, run_here, user_error
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_one_process_learns_and_the_result_serves(text_corpus, tokenizer_dir, tm
 
 def test_two_processes_match_one_process_with_twice_the_batch(text_corpus, tokenizer_dir, tmp_path):
     common = [*data(text_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--max_train_steps", 12, "--eval_steps", 12]
-    launch(*common, "--per_device_train_batch_size", 16, "--output_dir", tmp_path / "one")
+    run_here("pretrain", *common, "--per_device_train_batch_size", 16, "--output_dir", tmp_path / "one")
     launch(*common, "--per_device_train_batch_size", 8, "--output_dir", tmp_path / "two", processes=2)
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == list(range(1, 13))
@@ -81,7 +81,7 @@ def test_resume_continues_exactly(text_corpus, tokenizer_dir, tmp_path, capsys):
     common = [*data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
               "--eval_steps", 12, "--checkpointing_steps", 8, "--checkpoints_total_limit", 3,
               "--token_dropping_layers", 0, -1, "--token_dropping_policy", "loss"]
-    launch(*common, "--output_dir", tmp_path / "full")
+    run_here("pretrain", *common, "--output_dir", tmp_path / "full")
     assert [p.name for p in sorted((tmp_path / "full" / "checkpoints").iterdir())] == [
         "step_00000008", "step_00000016", "step_00000024"]
     # A run stopped right after its step-16 checkpoint: its folder holds that checkpoint and the log up to there.
@@ -91,7 +91,7 @@ def test_resume_continues_exactly(text_corpus, tokenizer_dir, tmp_path, capsys):
     (stopped / "metrics.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows(tmp_path / "full") if r["step"] <= 16) + '{"step": 17, "loss": 9}\n'
     )
-    launch(*common, "--output_dir", stopped, "--resume_from_checkpoint", "latest")
+    run_here("pretrain", *common, "--output_dir", stopped, "--resume_from_checkpoint", "latest")
     assert train_losses(stopped) == train_losses(tmp_path / "full")  # the stale step-17 row was replaced
     a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(stopped / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -141,8 +141,12 @@ def consumed_tokens(folder, processes: int) -> collections.Counter:
 def test_streaming_reads_every_line_once_per_epoch(text_corpus, tokenizer_dir, tmp_path, processes):
     out = tmp_path / "stream"
     # 3000 lines of ~27 tokens = ~1,270 blocks of 64: 100 steps of 16 blocks cover the first epoch and part of the next.
-    launch(*data(text_corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--per_device_train_batch_size",
-           16 // processes, "--max_train_steps", 100, "--eval_steps", 100, "--output_dir", out, processes=processes)
+    args = [*data(text_corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--per_device_train_batch_size",
+            16 // processes, "--max_train_steps", 100, "--eval_steps", 100, "--output_dir", out]
+    if processes == 1:
+        run_here("pretrain", *args)
+    else:
+        launch(*args, processes=processes)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     expected = collections.Counter()
     for line in (text_corpus / "train.txt").read_text().splitlines():
@@ -240,7 +244,7 @@ def test_a_token_budget_trains_its_tokens_whatever_the_processes(text_corpus, to
     """--max_train_tokens 1,000 with blocks of 64: 4 steps of 4 x 64 tokens on one process, 2 of 2 x 4 x 64 on two."""
     common = [*data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 4, "--max_train_tokens", 1000,
               "--max_eval_samples", 8]
-    launch(*common, "--output_dir", tmp_path / "one")
+    run_here("pretrain", *common, "--output_dir", tmp_path / "one")
     launch(*common, "--output_dir", tmp_path / "two", processes=2)
     for name, steps in (("one", 4), ("two", 2)):
         results = json.loads((tmp_path / name / "all_results.json").read_text())

@@ -15,7 +15,7 @@ import sinebert  # noqa: F401  (registers the Auto classes)
 from sinebert import SineBertForPreTraining
 from sinebert.training.optimizer import build_optimizer
 from sinebert.training.rtd import ReplacedTokenDetection, sample_from
-from tests.conftest import launch_script, load_script, tiny_config, user_error
+from tests.conftest import launch_script, load_script, run_here, tiny_config, user_error
 
 TINY = ["--hidden_size", 64, "--num_hidden_layers", 2, "--num_attention_heads", 4, "--intermediate_size", 128,
         "--max_seq_length", 64, "--logging_steps", 1, "--learning_rate", 1e-3, "--hidden_dropout_prob", 0,
@@ -167,8 +167,7 @@ def test_resume_continues_exactly(full_run, tmp_path):
 def test_two_processes_match_one_process_with_twice_the_batch(text_corpus, tokenizer_dir, tmp_path):
     """Masks and the generator's samples are drawn per example, so the processes see what one process would."""
     common = [*data(text_corpus, tokenizer_dir), *TINY, "--max_train_steps", 6, "--eval_steps", 6]
-    launch_script("pretrain", *common, "--per_device_train_batch_size", 16, "--output_dir", tmp_path / "one",
-                  threads=2)
+    run_here("pretrain", *common, "--per_device_train_batch_size", 16, "--output_dir", tmp_path / "one")
     launch_script("pretrain", *common, "--per_device_train_batch_size", 8, "--output_dir", tmp_path / "two",
                   processes=2)
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")

@@ -10,7 +10,7 @@ from accelerate.utils import DistributedType
 
 from sinebert.training import finetune
 from sinebert.training.finetune import fit_schedule, learning_rate_for
-from tests.conftest import launch_script, load_script
+from tests.conftest import load_script, run_here
 from tests.fixtures import corpus
 
 
@@ -97,20 +97,19 @@ def test_classification_takes_fgm_unless_told_or_sharded_and_the_other_tasks_do_
 
 
 @pytest.mark.slow
-def test_a_run_given_only_its_files_stops_early_and_ends_with_its_best_weights(tmp_path):
+def test_a_run_given_only_its_files_stops_early_and_ends_with_its_best_weights(tmp_path, capsys):
     from sinebert.training.tokenizer import train_wordpiece
 
     train = corpus.reviews(800, seed=3)
     corpus.write_reviews_tsv(tmp_path / "train.tsv", train)
     train_wordpiece([text for text, _ in train], vocab_size=800, min_frequency=2).save_pretrained(tmp_path / "tok")
     out = tmp_path / "run"
-    result = launch_script("finetune_classification", "--train_file", tmp_path / "train.tsv", "--tokenizer_name",
-                           tmp_path / "tok", "--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 2,
-                           "--intermediate_size", 64, "--scale_embeddings", "--adversarial_epsilon", 0,
-                           "--output_dir", out)
+    run_here("finetune_classification", "--train_file", tmp_path / "train.tsv", "--tokenizer_name", tmp_path / "tok",
+             "--hidden_size", 32, "--num_hidden_layers", 1, "--num_attention_heads", 2, "--intermediate_size", 64,
+             "--scale_embeddings", "--adversarial_epsilon", 0, "--output_dir", out, threads=1)
     # Without FGM: at this width a step of 0.25 is a fifth of the norm of a batch's word vectors (at hidden 256,
     # 2%) and holds the model at chance past the run's first half, where early stopping ends it.
-    assert "Schedule for 760 training rows: learning rate 0.0005; 20 epochs (480 steps)" in result.stdout
+    assert "Schedule for 760 training rows: learning rate 0.0005; 20 epochs (480 steps)" in capsys.readouterr().out
     results = json.loads((out / "all_results.json").read_text())
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evaluations = {row["step"]: row["eval_accuracy"] for row in history if "eval_accuracy" in row}
