@@ -4,7 +4,7 @@
     python benchmarks/per_step_learning.py --steps 200 --hidden 256
     python benchmarks/per_step_learning.py --hidden 256 --contenders dropping dropping_loss   # token dropping's policies
     python benchmarks/per_step_learning.py --hidden 256 --contenders rotary --learning_rate 2e-3   # another peak
-    python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # a minute
+    python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # seconds
 
 By default sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and with the
 sinusoids added to the embeddings instead, and transformers' ModernBERT as benchmarks/speed.py builds it; `--contenders`
@@ -105,7 +105,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     precision = tta.precision_here()
     train_lines, held_lines, text = tta.text_of(args)
-    batches = tta.Batches.of(train_lines, held_lines, 500 if args.tiny else speed.VOCAB)
+    batches = tta.Batches.of(train_lines, held_lines, 500 if args.tiny else speed.VOCAB,
+                             eval_blocks=tta.TINY_EVAL_BLOCKS if args.tiny else tta.EVAL_BLOCKS)
     runs = []
     for hidden in [32] if args.tiny else args.hidden:
         for label, name, overrides in (CONTENDERS[key] for key in args.contenders):

@@ -56,6 +56,7 @@ PEAK_LR, WEIGHT_DECAY, MAX_GRAD_NORM, WARMUP = (_RECIPE[key] for key in ("learni
                                                                          "max_grad_norm", "warmup_ratio"))
 BETAS = (0.9, _RECIPE["adam_beta2"])
 EVAL_BLOCKS, EVALUATIONS = 256, 10
+TINY_EVAL_BLOCKS = 32  # --tiny only checks that it runs: each evaluation 8 times shorter
 # (name, label, share of --minutes): the peer gets the whole budget, sinebert half.
 CONTENDERS = (("modernbert", "ModernBERT", 1.0), ("sinebert", "sinebert", 0.5),
               ("sinebert_glu", "sinebert, GLU feed-forward", 0.5),
@@ -181,7 +182,7 @@ def blocks_of(lines: list[str], tokenizer, seq: int) -> list[list[int]]:
 @dataclass
 class Batches:
     """The text as every contender sees it: a WordPiece vocabulary trained on the training lines, their blocks in one
-    shuffled order with masks drawn per block and epoch, and EVAL_BLOCKS held-out blocks with fixed masks."""
+    shuffled order with masks drawn per block and epoch, and `eval_blocks` held-out blocks with fixed masks."""
 
     vocab: int
     train: list
@@ -195,9 +196,9 @@ class Batches:
 
     @classmethod
     def of(cls, train_lines: list[str], held_lines: list[str], vocab: int, seq: int = speed.SEQ,
-           batch_size: int = speed.BATCH) -> "Batches":
+           batch_size: int = speed.BATCH, eval_blocks: int = EVAL_BLOCKS) -> "Batches":
         tokenizer = train_wordpiece(train_lines, vocab_size=vocab)
-        blocks = blocks_of(held_lines, tokenizer, seq)[:EVAL_BLOCKS]
+        blocks = blocks_of(held_lines, tokenizer, seq)[:eval_blocks]
         held = MaskingCollator(tokenizer, speed.MASKING, seed=1, epoch=None)(
             [{"input_ids": b, "example_id": i} for i, b in enumerate(blocks)])
         return cls(len(tokenizer), blocks_of(train_lines, tokenizer, seq),
@@ -219,8 +220,9 @@ class Batches:
 
 
 def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int,
-        names: tuple = DEFAULT_CONTENDERS, attention: str = "sdpa", peak: float = PEAK_LR) -> dict:
-    batches = Batches.of(train_lines, held_lines, vocab)
+        names: tuple = DEFAULT_CONTENDERS, attention: str = "sdpa", peak: float = PEAK_LR,
+        eval_blocks: int = EVAL_BLOCKS) -> dict:
+    batches = Batches.of(train_lines, held_lines, vocab, eval_blocks=eval_blocks)
     contenders = [Contender(name, build(name, batches.vocab, dims, precision, attention), 60 * minutes * share, peak)
                   for name, _, share in CONTENDERS if name in names]
     marks = {c.name: 0 for c in contenders}  # evaluations done
@@ -370,7 +372,7 @@ def main(argv=None):
     dims = TINY if args.tiny else speed.SIZES["small"]
     report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB,
                  tuple(args.contenders), args.modernbert_attention or modernbert_attention(precision),
-                 args.learning_rate)
+                 args.learning_rate, TINY_EVAL_BLOCKS if args.tiny else EVAL_BLOCKS)
     report |= {"text": text, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),
                "torch": torch.__version__, "platform": platform.platform(),
                "command": "python benchmarks/time_to_accuracy.py " + " ".join(argv or sys.argv[1:])}
