@@ -50,11 +50,11 @@ RECIPE = dict(norm_placement="pre", scale_embeddings=True, hidden_dropout_prob=0
 FULL = dict(dims=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
             vocab=30522, lengths=(128, 512), tokens_per_step=32768, steps=10, long_tokens=32768,
             host=dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
-            host_batch=(32, 128))
+            host_batch=(32, 128), inference_rows=None)
 QUICK = dict(dims=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256),
              vocab=1000, lengths=(32,), tokens_per_step=512, steps=2, long_tokens=2048,
              host=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),
-             host_batch=(4, 32))
+             host_batch=(4, 32), inference_rows=64)
 CHECK_DIMS = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
                   vocab_size=1000, max_position_embeddings=512)
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}  # largest error relative to the reference's largest value
@@ -227,6 +227,8 @@ def sst2_dev_lengths() -> tuple[list[int], str]:
 
 def inference_speed(size: dict, precision: str, device: torch.device) -> dict:
     lengths, source = sst2_dev_lengths()
+    if size["inference_rows"]:  # --quick: the first two batches
+        lengths, source = lengths[: size["inference_rows"]], f"{source}, first {size['inference_rows']} rows"
     dims, vocab = size["dims"], size["vocab"]
     torch.manual_seed(0)
     models = {
