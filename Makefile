@@ -17,14 +17,18 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[train,test]"
 	touch $(STAMP)
 
+# Test files are shared among pytest-xdist workers, one per two cores (tests/conftest.py), at least two: most of an
+# end-to-end test is one process importing torch, which leaves the other core idle.
+PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -n auto --dist loadfile
+
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q
+	$(PYTEST)
 
 # The unit tests alone (no end-to-end runs of the scripts), for development: a few minutes on 2 cores.
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
-# DEMO=smoke (1-2 minutes) or DEMO=long (a longer, better run); the default took 15 to 17 minutes on 2 CPU cores (under 20).
+# DEMO=smoke (1-2 minutes) or DEMO=long (a longer, better run); the default takes 16 to 28 minutes on 2 CPU cores.
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m recipes.demo $(if $(DEMO),--mode $(DEMO)) $(DEMO_ARGS)
 
