@@ -147,16 +147,26 @@ def _muon_steps(rank: int = 0, world_size: int = 1, store: str | None = None, ou
     return result
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_muon_split_across_data_parallel_processes_steps_as_one_process_does(tmp_path, dtype):
-    one = _muon_steps(dtype=dtype)
-    torch.multiprocessing.spawn(_muon_steps, args=(2, str(tmp_path / "store"), str(tmp_path / "p"), dtype), nprocs=2)
-    split = [load_file(tmp_path / f"p{rank}") for rank in (0, 1)]
-    assert one["calls"] == 3 * (2 * 4 + 1)  # every step: two layers' four matrices and the head's transform
-    assert [s["calls"].item() for s in split] == [3 * 5, 3 * 4]  # each process its share of them
-    for name, value in one.items():
-        if name != "calls":
-            assert torch.equal(split[0][name], value) and torch.equal(split[1][name], value), name
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _split_steps(rank: int, folder: str):
+    """Process `rank` of two: `_muon_steps` in each dtype (one spawn for both: a process spends most of its time
+    importing)."""
+    for name, dtype in DTYPES.items():
+        _muon_steps(rank, 2, f"{folder}/store-{name}", f"{folder}/{name}-", dtype)
+
+
+def test_muon_split_across_data_parallel_processes_steps_as_one_process_does(tmp_path):
+    torch.multiprocessing.spawn(_split_steps, args=(str(tmp_path),), nprocs=2)
+    for name, dtype in DTYPES.items():
+        one = _muon_steps(dtype=dtype)
+        split = [load_file(tmp_path / f"{name}-{rank}") for rank in (0, 1)]
+        assert one["calls"] == 3 * (2 * 4 + 1)  # every step: two layers' four matrices and the head's transform
+        assert [s["calls"].item() for s in split] == [3 * 5, 3 * 4]  # each process its share of them
+        for key, value in one.items():
+            if key != "calls":
+                assert torch.equal(split[0][key], value) and torch.equal(split[1][key], value), (name, key)
 
 
 def test_muon_in_bf16_steps_as_torchs_muon_does_and_in_float32_orthogonalises_more_exactly():
