@@ -1,6 +1,7 @@
 """FSDP 2 on two CPU processes over gloo, launched with configs/accelerate/fsdp.yaml as a user launches it: the
-parameters and optimizer state are sharded, the checkpoints are sharded and resume exactly, the training equals
-data parallelism's (with AdamW and with Muon), and the final folder is a plain one that loads anywhere."""
+parameters and optimizer state are sharded, the checkpoints are sharded and resume exactly, the training equals one
+process's with the whole batch, as data parallelism's does (tests/test_pretrain.py; with AdamW and with Muon), and the
+final folder is a plain one that loads anywhere."""
 
 import hashlib
 import json
@@ -16,13 +17,14 @@ from transformers import AutoModelForMaskedLM
 
 import sinebert  # noqa: F401  (registers the Auto classes)
 from sinebert.training.checkpoint import CheckpointError, CheckpointManager
-from tests.conftest import ROOT, accelerate_command, launch_script
+from tests.conftest import ROOT, accelerate_command, launch_script, run_here
 from tests.fixtures import corpus
 
 TINY = ["--hidden_size", 64, "--num_hidden_layers", 2, "--num_attention_heads", 4, "--intermediate_size", 128,
         "--hidden_dropout_prob", 0, "--attention_probs_dropout_prob", 0, "--logging_steps", 1, "--learning_rate", 1e-3]
 PRETRAIN = [*TINY, "--max_seq_length", 64, "--per_device_train_batch_size", 8, "--max_train_steps", 12,
             "--eval_steps", 12, "--checkpointing_steps", 6]
+WHOLE_BATCH = ["--per_device_train_batch_size", 16]  # one process with the batch of PRETRAIN's two
 
 
 def losses(folder) -> dict[int, float]:
@@ -32,17 +34,18 @@ def losses(folder) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def pretrained(text_corpus, tokenizer_dir, tmp_path_factory):
-    """The same 12 steps of pretraining under FSDP and under DDP, two processes each."""
+    """The same 12 steps of pretraining under FSDP (two processes) and in one process with the whole batch (run here:
+    what a launch would add is its imports)."""
     root = tmp_path_factory.mktemp("fsdp")
     data = ["--train_file", text_corpus / "train.txt", "--validation_file", text_corpus / "valid.txt",
             "--tokenizer_name", tokenizer_dir]
     sharded = launch_script("pretrain", *data, *PRETRAIN, "--output_dir", root / "fsdp", processes=2, config="fsdp.yaml")
-    launch_script("pretrain", *data, *PRETRAIN, "--output_dir", root / "ddp", processes=2)
+    run_here("pretrain", *data, *PRETRAIN, *WHOLE_BATCH, "--output_dir", root / "one")
     return {"root": root, "data": data, "stdout": sharded.stdout + sharded.stderr}
 
 
-def test_pretraining_is_sharded_and_trains_as_data_parallel_does(pretrained):
-    fsdp, ddp = pretrained["root"] / "fsdp", pretrained["root"] / "ddp"
+def test_pretraining_is_sharded_and_trains_as_one_process_does(pretrained):
+    fsdp, one = pretrained["root"] / "fsdp", pretrained["root"] / "one"
     assert "running 2 processes on the CPU (gloo), fully sharded (FSDP 2)" in pretrained["stdout"]
     checkpoint = fsdp / "checkpoints" / "step_00000006"
     for part in ("pytorch_model_fsdp_0", "optimizer_0"):
@@ -52,9 +55,9 @@ def test_pretraining_is_sharded_and_trains_as_data_parallel_does(pretrained):
         assert all(0.4 < size / sum(sizes) < 0.6 for size in sizes), (part, sizes)
     assert not list(checkpoint.glob("*.safetensors"))  # no unsharded copy of the model in the checkpoint
     assert set(losses(fsdp)) == set(range(1, 13))
-    for step, loss in losses(ddp).items():
+    for step, loss in losses(one).items():
         assert losses(fsdp)[step] == pytest.approx(loss, abs=1e-5)
-    a, b = load_file(fsdp / "model.safetensors"), load_file(ddp / "model.safetensors")
+    a, b = load_file(fsdp / "model.safetensors"), load_file(one / "model.safetensors")
     assert sorted(a) == sorted(b) and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
@@ -80,16 +83,16 @@ def test_a_sharded_checkpoint_resumes_exactly(pretrained, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_muon_trains_sharded_as_under_data_parallel_and_resumes_exactly(pretrained, tmp_path):
+def test_muon_trains_sharded_as_in_one_process_and_resumes_exactly(pretrained, tmp_path):
     # Each process holds rows of a matrix; Muon's Newton-Schulz products on those DTensors gather what they need.
     muon = [*PRETRAIN, "--optim", "muon"]
-    for name, config in (("fsdp", "fsdp.yaml"), ("ddp", None)):
-        launch_script("pretrain", *pretrained["data"], *muon, "--output_dir", tmp_path / name, processes=2,
-                      config=config)
-    fsdp, ddp = losses(tmp_path / "fsdp"), losses(tmp_path / "ddp")
-    # Looser than AdamW's 1e-5: the iterations run in bf16, where the two reductions' last-bit differences in the
+    launch_script("pretrain", *pretrained["data"], *muon, "--output_dir", tmp_path / "fsdp", processes=2,
+                  config="fsdp.yaml")
+    run_here("pretrain", *pretrained["data"], *muon, *WHOLE_BATCH, "--output_dir", tmp_path / "one")
+    fsdp, one = losses(tmp_path / "fsdp"), losses(tmp_path / "one")
+    # Looser than AdamW's 1e-5: where the iterations run in bf16, the two reductions' last-bit differences in the
     # gradients can round some entries of the update apart by 2^-8 (up to 4e-5 in the loss, here).
-    assert set(fsdp) == set(range(1, 13)) and fsdp == pytest.approx(ddp, abs=2e-4)
+    assert set(fsdp) == set(range(1, 13)) and fsdp == pytest.approx(one, abs=2e-4)
     stopped = tmp_path / "stopped"
     (stopped / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "fsdp" / "checkpoints" / "step_00000006", stopped / "checkpoints" / "step_00000006")
