@@ -54,7 +54,8 @@ def launch_script(name: str, *args, processes: int = 1, threads: int = 1, timeou
 def pytest_xdist_auto_num_workers(config) -> int:
     """`pytest -n auto` (make test): one worker per two cores, as most end-to-end tests launch two processes; at
     least two, since one process importing torch, most of a launch, leaves a core idle."""
-    return max(2, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2) // 2)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+    return max(2, cores // 2)
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@
     nan_loss:<step>             the training loss of optimizer step <step> is NaN
 
 Usage (also as the script of `accelerate launch`): python tests/fault_injection.py scripts/pretrain.py ARGS...
-The faults are injected by wrapping sinebert's own functions; the script itself is unchanged. A test that runs a
-script in its own process calls `inject` instead, after saving the attributes of PATCHED to put them back.
+The faults are injected by wrapping sinebert's own functions; the script itself is unchanged. A test that runs the
+script in the test's process calls `inject` instead, having saved the attributes in PATCHED to put them back after.
 """
 
 import errno

@@ -1,4 +1,6 @@
-"""scripts/pretrain.py end to end through `accelerate launch`, on real sentences (tests/fixtures) with a tiny model."""
+"""scripts/pretrain.py end to end on real sentences (tests/fixtures) with a tiny model: through `accelerate launch`
+where the launch matters (the served result, two processes), in the test's process where only the run does (resume,
+references of one process)."""
 
 import collections
 import json
