@@ -10,7 +10,7 @@
 
 Usage (also as the script of `accelerate launch`): python tests/fault_injection.py scripts/pretrain.py ARGS...
 The faults are injected by wrapping sinebert's own functions; the script itself is unchanged. A test that runs the
-script in the test's process calls `inject` instead, having saved the attributes in PATCHED to put them back after.
+script in the test's process calls `inject` with its monkeypatch's setattr, which puts every wrapper back after.
 """
 
 import errno
@@ -29,7 +29,7 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def kill_rank(rank: str, step: str):
+def kill_rank(rank: str, step: str, install=setattr):
     original = loop.Trainer._optimizer_step
 
     def step_then_die(self, *args):
@@ -38,10 +38,10 @@ def kill_rank(rank: str, step: str):
             os.kill(os.getpid(), signal.SIGKILL)
         return result
 
-    loop.Trainer._optimizer_step = step_then_die
+    install(loop.Trainer, "_optimizer_step", step_then_die)
 
 
-def _on_nth_save(n: str, action):
+def _on_nth_save(n: str, action, install):
     """Wrap Accelerator.save_state as the checkpoint manager calls it: `action(folder)` on the n-th call."""
     calls = {"count": 0}
 
@@ -63,17 +63,17 @@ def _on_nth_save(n: str, action):
         manager_init(self, accelerator, *args, **kwargs)
         wrap(accelerator)
 
-    checkpoint.CheckpointManager.__init__ = init
+    install(checkpoint.CheckpointManager, "__init__", init)
 
 
-def kill_in_save(n: str):
+def kill_in_save(n: str, install=setattr):
     def die(folder):
         # Leave a half-written file behind, as a process killed mid-write does.
         with open(os.path.join(folder, "model.safetensors"), "r+b") as file:
             file.truncate(100)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    _on_nth_save(n, die)
+    _on_nth_save(n, die, install)
 
 
 # What each writer raises when the disk fills up (seen on a 3 MB tmpfs), its text as the libraries word it.
@@ -87,23 +87,23 @@ def _full(writer: str, folder: str) -> Exception:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(folder, "optimizer.bin"))
 
 
-def disk_full(n: str, writer: str = "os"):
+def disk_full(n: str, writer: str = "os", install=setattr):
     def fail(folder):
         raise _full(writer, folder)
 
-    _on_nth_save(n, fail)
+    _on_nth_save(n, fail, install)
 
 
-def disk_full_final():
+def disk_full_final(install=setattr):
     def fail(self, folder, *args, **kwargs):
         os.makedirs(folder, exist_ok=True)
         open(os.path.join(folder, "model.safetensors"), "wb").close()  # a partial file, as a real failure leaves
         raise _full("safetensors", folder)
 
-    PreTrainedModel.save_pretrained = fail
+    install(PreTrainedModel, "save_pretrained", fail)
 
 
-def disk_full_log(step: str):
+def disk_full_log(step: str, install=setattr):
     from pathlib import Path
 
     original = reporting.MetricsLog.write
@@ -121,10 +121,10 @@ def disk_full_log(step: str):
         finally:
             Path.open = saved
 
-    reporting.MetricsLog.write = write
+    install(reporting.MetricsLog, "write", write)
 
 
-def nan_loss(step: str):
+def nan_loss(step: str, install=setattr):
     original = loop.Trainer._optimizer_step
 
     def poisoned(self, *args):
@@ -143,21 +143,17 @@ def nan_loss(step: str):
                 self.model.forward = real_forward
         return original(self, *args)
 
-    loop.Trainer._optimizer_step = poisoned
+    install(loop.Trainer, "_optimizer_step", poisoned)
 
 
 FAULTS = {"kill_rank": kill_rank, "kill_in_save": kill_in_save, "disk_full": disk_full, "nan_loss": nan_loss,
           "disk_full_final": disk_full_final, "disk_full_log": disk_full_log}
 
-# (class, attribute) of everything a fault replaces.
-PATCHED = [(loop.Trainer, "_optimizer_step"), (checkpoint.CheckpointManager, "__init__"),
-           (PreTrainedModel, "save_pretrained"), (reporting.MetricsLog, "write")]
-
-
-def inject(fault: str):
-    """Install `fault`, written as SINEBERT_FAULT takes it (`nan_loss:5`)."""
+def inject(fault: str, install=setattr):
+    """Install `fault`, written as SINEBERT_FAULT takes it (`nan_loss:5`), each wrapper with `install(owner, name,
+    wrapper)`."""
     name, *params = fault.split(":")
-    FAULTS[name](*params)
+    FAULTS[name](*params, install=install)
 
 
 if __name__ == "__main__":

@@ -64,9 +64,7 @@ def here(fault=None):
     loss, a full disk) and resumes. (A launch spends most of its 15 s importing torch and transformers.)"""
     with pytest.MonkeyPatch.context() as patch, torch_threads(2):
         if fault:
-            for owner, name in fault_injection.PATCHED:
-                patch.setattr(owner, name, getattr(owner, name))  # put back when the block ends
-            fault_injection.inject(fault)
+            fault_injection.inject(fault, patch.setattr)  # put back when the block ends
         yield load_script("pretrain")
 
 

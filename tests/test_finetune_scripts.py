@@ -16,7 +16,7 @@ from sinebert.training.metrics.squad import compute_squad
 from sinebert.training.ner import read_conll
 from sinebert.training.qa import read_squad_json
 from sinebert.training.tokenizer import train_wordpiece
-from tests.conftest import check_model_card, entity_spans, launch_script, load_script, user_error
+from tests.conftest import check_model_card, entity_spans, launch_script, load_script, torch_threads, user_error
 from tests.fixtures import corpus
 
 # hidden 64, 2 layers; embeddings scaled by sqrt(hidden) so the fixed sinusoids (entries in [-1, 1]) do not drown the
@@ -310,10 +310,8 @@ def test_each_script_ends_bad_data_with_one_error_sentence(tmp_path, capsys, tok
 @pytest.fixture
 def one_thread():
     """In-process runs on one thread, as the launched ones (restored afterwards for the other tests)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def in_process_ner(conll, tmp_path, *common):
