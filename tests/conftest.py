@@ -51,11 +51,23 @@ def launch_script(name: str, *args, processes: int = 1, threads: int = 1, timeou
     return result
 
 
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+# torch threads for a test's own work and its one-process runs: its pytest-xdist worker's share of the cores. Threads
+# beyond that spin while another worker holds a core: two workers on 2 cores, each on 2 threads, made a benchmark's
+# test 8x slower than each on 1.
+THREADS = max(1, CORES // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """`pytest -n auto` (make test): one worker per two cores, as most end-to-end tests launch two processes; at
     least two, since one process importing torch, most of a launch, leaves a core idle."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
-    return max(2, cores // 2)
+    return max(2, CORES // 2)
+
+
+def pytest_configure(config):
+    import torch
+
+    torch.set_num_threads(THREADS)
 
 
 @contextlib.contextmanager
@@ -71,7 +83,7 @@ def torch_threads(count: int):
         torch.set_num_threads(saved)
 
 
-def run_here(name: str, *args, threads: int = 2):
+def run_here(name: str, *args, threads: int = THREADS):
     """scripts/<name>.py's main in this process on `threads` threads, as `launch_script` runs one process: for the runs
     whose subject is not the launch. (A launch spends about 12 of its 15 s importing torch and transformers.)"""
     with torch_threads(threads):

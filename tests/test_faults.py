@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 
 from sinebert.training.checkpoint import CheckpointError, CheckpointManager
 from tests import fault_injection
-from tests.conftest import ROOT, accelerate_command, load_script, run_here, torch_threads, user_error
+from tests.conftest import (ROOT, THREADS, accelerate_command, load_script, run_here, torch_threads,
+                            user_error)
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ STEPS = 16
 
 
 def command(processes: int, script: str = "scripts/pretrain.py") -> list[str]:
-    return accelerate_command(script, processes, threads=2 if processes == 1 else 1)
+    return accelerate_command(script, processes, threads=THREADS if processes == 1 else 1)
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +60,10 @@ def run(args, out, processes=1, fault=None, expect_ok=True):
 
 @contextlib.contextmanager
 def here(fault=None):
-    """The pretraining script, to run in this process on 2 threads as `run` launches one process, with `fault`
+    """The pretraining script, to run in this process on as many threads as `run` launches one process on, with `fault`
     injected for the block. For what needs no process of its own: refusals, the faults the loop itself handles (a NaN
     loss, a full disk) and resumes. (A launch spends most of its 15 s importing torch and transformers.)"""
-    with pytest.MonkeyPatch.context() as patch, torch_threads(2):
+    with pytest.MonkeyPatch.context() as patch, torch_threads(THREADS):
         if fault:
             fault_injection.inject(fault, patch.setattr)  # put back when the block ends
         yield load_script("pretrain")

@@ -150,15 +150,16 @@ def _muon_steps(rank: int = 0, world_size: int = 1, store: str | None = None, ou
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def _split_steps(rank: int, folder: str):
+def _split_steps(rank: int, folder: str, threads: int):
     """Process `rank` of two: `_muon_steps` in each dtype (one spawn for both: a process spends most of its time
-    importing)."""
+    importing), on the test's threads: a bf16 matrix product's rounding depends on how many threads share it."""
+    torch.set_num_threads(threads)
     for name, dtype in DTYPES.items():
         _muon_steps(rank, 2, f"{folder}/store-{name}", f"{folder}/{name}-", dtype)
 
 
 def test_muon_split_across_data_parallel_processes_steps_as_one_process_does(tmp_path):
-    torch.multiprocessing.spawn(_split_steps, args=(str(tmp_path),), nprocs=2)
+    torch.multiprocessing.spawn(_split_steps, args=(str(tmp_path), torch.get_num_threads()), nprocs=2)
     for name, dtype in DTYPES.items():
         one = _muon_steps(dtype=dtype)
         split = [load_file(tmp_path / f"{name}-{rank}") for rank in (0, 1)]

@@ -16,7 +16,8 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401
 from sinebert.training.loop import bf16_matmuls_are_fast
-from tests.conftest import ROOT, accelerate_command, check_model_card, launch_script, load_script, run_here, user_error
+from tests.conftest import (ROOT, THREADS, accelerate_command, check_model_card, launch_script, load_script,
+                            run_here, user_error)
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +27,9 @@ NO_DROPOUT = ["--hidden_dropout_prob", "0", "--attention_probs_dropout_prob", "0
 
 
 def launch(*args, processes: int = 1, timeout: int = 600):
-    """The pretraining script on 1 or 2 CPU processes (one process gets both cores)."""
-    return launch_script("pretrain", *args, processes=processes, threads=2 if processes == 1 else 1, timeout=timeout)
+    """The pretraining script on 1 or 2 CPU processes (one process gets this worker's share of the cores)."""
+    threads = THREADS if processes == 1 else 1
+    return launch_script("pretrain", *args, processes=processes, threads=threads, timeout=timeout)
 
 
 def rows(folder):
