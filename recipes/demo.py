@@ -1,4 +1,5 @@
-"""`make demo`: the whole sinebert path on real public data, in under 20 minutes on a 2-core CPU (16 to 18 measured).
+"""`make demo`: the whole sinebert path on real public data: 16 minutes on 2 CPU cores that multiply bf16 natively, 28
+in float32 on 2 AVX2-only cores (docs/QUALITY.md).
 
     python -m recipes.demo            # default: outputs in runs/demo
     python -m recipes.demo --smoke    # a tiny version in 1-2 minutes (runs/demo-smoke); also DEMO=smoke make demo
@@ -78,8 +79,8 @@ PLANS = {
         finetune_epochs={"classification": 1, "ner": 2}, finetune_learning_rate=5e-4, seq_length=64, eval_blocks=16,
         eval_every=8, checkpoint_every=8,
     ),
-    # At most 20 minutes on 2 CPU cores: 9 minutes of pretraining (whatever the machine's speed), then each
-    # fine-tuning run with the schedule the scripts fit to the data (docs/QUALITY.md, "Demo results").
+    # 9 minutes of pretraining (whatever the machine's speed), then each fine-tuning run with the schedule the scripts
+    # fit to the data, whose steps take three times as long in float32 on AVX2 as in bf16 (docs/QUALITY.md).
     "default": Plan(
         mode="default", limits=DataLimits(), vocab_size=8192, model=SMALL,
         pretrain_budget={"max_train_minutes": 9}, pretrain_batch=8, pretrain_learning_rate=1e-3, in_domain_repeats=4,

@@ -232,9 +232,9 @@ def test_two_processes_refuse_a_busy_output_dir_with_one_sentence_and_no_traceba
 
 def test_time_budget_sets_the_length_and_the_schedule(text_corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "budget"
-    load_script("pretrain").main([str(a) for a in [
+    run_here("pretrain",
         *data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_minutes", 0.1,
-        "--warmup_ratio", 0.2, "--lr_scheduler_type", "linear", "--logging_steps", 1, "--output_dir", out]])
+        "--warmup_ratio", 0.2, "--lr_scheduler_type", "linear", "--logging_steps", 1, "--output_dir", out)
     results = json.loads((out / "all_results.json").read_text())
     assert results["stopped_early"] == "time budget" and 6 <= results["train_seconds"] < 30
     rates = [r["learning_rate"] for r in rows(out) if "learning_rate" in r]
@@ -260,9 +260,9 @@ def test_token_dropping_flags_set_the_config_and_bad_values_are_one_sentence(tex
     common = [*data(text_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,
               "--max_train_steps", 2, "--max_eval_samples", 8]
     out = tmp_path / "dropping"
-    load_script("pretrain").main([str(a) for a in [
+    run_here("pretrain",
         *common, "--token_dropping_layers", 0, -1, "--token_dropping_keep", 0.3, "--token_dropping_policy", "loss",
-        "--output_dir", out]])
+        "--output_dir", out)
     config = json.loads((out / "config.json").read_text())
     assert (config["token_dropping_layers"], config["token_dropping_keep"]) == ([0, -1], 0.3)
     assert config["token_dropping_policy"] == "loss"
@@ -281,10 +281,10 @@ def test_token_dropping_flags_set_the_config_and_bad_values_are_one_sentence(tex
 
 def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(text_corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "local"
-    load_script("pretrain").main([str(a) for a in [
+    run_here("pretrain",
         *data(text_corpus, tokenizer_dir), *TINY, *NO_DROPOUT, "--per_device_train_batch_size", 4,
         "--max_train_steps", 2, "--max_eval_samples", 8, "--sliding_window", 4, "--global_attn_every_n_layers", 2,
-        "--global_attention_positions", 0, "--mlp_type", "glu", "--no_bias", "--output_dir", out]])
+        "--global_attention_positions", 0, "--mlp_type", "glu", "--no_bias", "--output_dir", out)
     kernels = json.loads((out / "all_results.json").read_text())["attention_kernels"]
     assert kernels == ["full_attention via sdpa", "sliding_attention(window=4, global=[0]) via local_blocked"]
     config = json.loads((out / "config.json").read_text())
@@ -295,10 +295,10 @@ def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(text_co
     # --sliding_window 0 takes a checkpoint pretrained with a window back to full attention; dropout flags apply
     # over a checkpoint too.
     full = tmp_path / "full"
-    load_script("pretrain").main([str(a) for a in [
+    run_here("pretrain",
         *data(text_corpus, tokenizer_dir), "--model_name_or_path", out, "--per_device_train_batch_size", 4,
         "--max_train_steps", 1, "--max_eval_samples", 8, "--sliding_window", 0, "--hidden_dropout_prob", 0.2,
-        "--output_dir", full]])
+        "--output_dir", full)
     assert json.loads((full / "all_results.json").read_text())["attention_kernels"] == ["full_attention via sdpa"] * 2
     config = json.loads((full / "config.json").read_text())
     assert config["sliding_window"] is None and config["global_attention_positions"] is None

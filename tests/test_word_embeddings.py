@@ -9,7 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from sinebert.training.embeddings import FILE_NAME, context_windows, load_word_embeddings, train_cbow
-from tests.conftest import load_script, user_error
+from tests.conftest import load_script, run_here, user_error
 
 TINY = ["--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--intermediate_size", "128",
         "--max_seq_length", "64", "--hidden_dropout_prob", "0", "--attention_probs_dropout_prob", "0"]
@@ -46,9 +46,9 @@ def test_cbow_learns_which_tokens_share_contexts():
 @pytest.fixture(scope="module")
 def embeddings(text_corpus, tokenizer_dir, tmp_path_factory):
     output = tmp_path_factory.mktemp("embeddings")
-    load_script("train_word_embeddings").main([str(a) for a in [
+    run_here("train_word_embeddings",
         "--train_file", text_corpus / "train.txt", "--tokenizer_name", tokenizer_dir, "--embedding_size", 64,
-        "--max_train_steps", 40, "--batch_size", 1024, "--output_dir", output, "--overwrite_output_dir"]])
+        "--max_train_steps", 40, "--batch_size", 1024, "--output_dir", output, "--overwrite_output_dir")
     return output
 
 
