@@ -394,18 +394,29 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(tmp_path, capsys, tokeni
 
 
 @pytest.mark.slow
-def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics(conll, tmp_path, one_thread):
-    """With a constant learning rate the weights after step k do not depend on the planned steps, so the kept weights
-    must equal those of a run that stopped at the best step. At 0.2 the tiny model learns something in the first
-    steps and then diverges, so the best evaluation is never the last one."""
-    run = in_process_ner(conll, tmp_path, "--max_eval_samples", 32, "--learning_rate", 0.2,
-                         "--lr_scheduler_type", "constant", "--eval_steps", 2)
+def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics(tmp_path, tokenizer_dir, one_thread):
+    """The validation rows are the training rows with their labels swapped, so the better the classifier fits its
+    training rows the worse it scores: the best evaluation comes before the last, whatever the rounding. With a constant
+    learning rate the weights after step k do not depend on the planned steps, so the kept weights must equal those of
+    a run that stopped at the best step."""
+    rows = [(f"the {word} of the nation {i}", label) for i in range(8) for word, label in (("peace", 0), ("war", 1))]
+    for name, swap in (("train", 0), ("valid", 1)):
+        (tmp_path / f"{name}.csv").write_text(
+            "sentence,label\n" + "".join(f"{text},{'ab'[label ^ swap]}\n" for text, label in rows))
+    script = load_script("finetune_classification")
+
+    def run(*more):
+        script.main([str(a) for a in [
+            "--train_file", tmp_path / "train.csv", "--validation_file", tmp_path / "valid.csv", "--tokenizer_name",
+            tokenizer_dir, *TINY, "--classifier_pooling", "mean", "--adversarial_epsilon", 0,
+            "--per_device_train_batch_size", 8, "--lr_scheduler_type", "constant", "--eval_steps", 2, *more]])
+
     run("--max_train_steps", 20, "--load_best_model_at_end", "--output_dir", tmp_path / "best")
     results = json.loads((tmp_path / "best" / "all_results.json").read_text())
-    evaluations = [row for row in read_jsonl(tmp_path / "best" / "metrics.jsonl") if "eval_f1" in row]
-    best = max(evaluations, key=lambda row: row["eval_f1"])  # the first of equals, as the trainer keeps it
-    assert results["best_step"] == best["step"] < evaluations[-1]["step"]
-    assert results["eval_f1"] == best["eval_f1"] and results["train_steps"] == 20
+    evaluations = [row for row in read_jsonl(tmp_path / "best" / "metrics.jsonl") if "eval_accuracy" in row]
+    best = max(evaluations, key=lambda row: row["eval_accuracy"])  # the first of equals, as the trainer keeps it
+    assert results["best_step"] == best["step"] and best["eval_accuracy"] > evaluations[-1]["eval_accuracy"]
+    assert results["eval_accuracy"] == best["eval_accuracy"] and results["train_steps"] == 20
     assert not (tmp_path / "best" / "best_model.safetensors").exists()
 
     run("--max_train_steps", best["step"], "--output_dir", tmp_path / "short")
