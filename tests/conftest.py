@@ -65,6 +65,7 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 def pytest_configure(config):
+    """This process's torch on THREADS (each worker's, and a serial run's)."""
     import torch
 
     torch.set_num_threads(THREADS)
