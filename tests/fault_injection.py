@@ -149,6 +149,7 @@ def nan_loss(step: str, install=setattr):
 FAULTS = {"kill_rank": kill_rank, "kill_in_save": kill_in_save, "disk_full": disk_full, "nan_loss": nan_loss,
           "disk_full_final": disk_full_final, "disk_full_log": disk_full_log}
 
+
 def inject(fault: str, install=setattr):
     """Install `fault`, written as SINEBERT_FAULT takes it (`nan_loss:5`), each wrapper with `install(owner, name,
     wrapper)`."""

@@ -16,7 +16,8 @@ from sinebert.training.metrics.squad import compute_squad
 from sinebert.training.ner import read_conll
 from sinebert.training.qa import read_squad_json
 from sinebert.training.tokenizer import train_wordpiece
-from tests.conftest import check_model_card, entity_spans, launch_script, load_script, torch_threads, user_error
+from tests.conftest import (check_model_card, entity_spans, launch_script, load_script, run_here, torch_threads,
+                            user_error)
 from tests.fixtures import corpus
 
 # hidden 64, 2 layers; embeddings scaled by sqrt(hidden) so the fixed sinusoids (entries in [-1, 1]) do not drown the
@@ -394,7 +395,7 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(tmp_path, capsys, tokeni
 
 
 @pytest.mark.slow
-def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics(tmp_path, tokenizer_dir, one_thread):
+def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics(tmp_path, tokenizer_dir):
     """The validation rows are the training rows with their labels swapped, so the better the classifier fits its
     training rows the worse it scores: the best evaluation comes before the last, whatever the rounding. With a constant
     learning rate the weights after step k do not depend on the planned steps, so the kept weights must equal those of
@@ -403,13 +404,12 @@ def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics(tm
     for name, swap in (("train", 0), ("valid", 1)):
         (tmp_path / f"{name}.csv").write_text(
             "sentence,label\n" + "".join(f"{text},{'ab'[label ^ swap]}\n" for text, label in rows))
-    script = load_script("finetune_classification")
 
     def run(*more):
-        script.main([str(a) for a in [
-            "--train_file", tmp_path / "train.csv", "--validation_file", tmp_path / "valid.csv", "--tokenizer_name",
-            tokenizer_dir, *TINY, "--classifier_pooling", "mean", "--adversarial_epsilon", 0,
-            "--per_device_train_batch_size", 8, "--lr_scheduler_type", "constant", "--eval_steps", 2, *more]])
+        run_here("finetune_classification", "--train_file", tmp_path / "train.csv", "--validation_file",
+                 tmp_path / "valid.csv", "--tokenizer_name", tokenizer_dir, *TINY, "--classifier_pooling", "mean",
+                 "--adversarial_epsilon", 0, "--per_device_train_batch_size", 8, "--lr_scheduler_type", "constant",
+                 "--eval_steps", 2, *more, threads=1)
 
     run("--max_train_steps", 20, "--load_best_model_at_end", "--output_dir", tmp_path / "best")
     results = json.loads((tmp_path / "best" / "all_results.json").read_text())
