@@ -68,11 +68,10 @@ def test_classification_beats_the_majority_class_and_the_pipeline_agrees(reviews
            "--per_device_train_batch_size", 32, "--num_train_epochs", 2, "--output_dir", out)
     results = check_saved_run(out, "eval_predictions.jsonl")
     rows = read_jsonl(out / "eval_predictions.jsonl")
-    gold = [row["label"] for row in rows]
-    majority = max(gold.count(label) for label in set(gold)) / len(gold)  # 0.51 on these 400 dev rows
-    # Two epochs (188 steps) reached 0.67-0.70 over four seeds. On 400 rows a classifier without signal stays within
-    # majority +/- 0.05 (two standard deviations of a binomial at p = 0.5), so 0.08 above it is a real signal.
-    assert results["eval_accuracy"] > majority + 0.08, results["eval_accuracy"]
+    # The majority label is 0.51 of these 400 rows. Two epochs (188 steps) reached accuracy 1.0 with each of the seeds
+    # 42, 1, 2 and 3 (the corpus's reviews carry their label in their words), so 0.9 fails a run that learns markedly
+    # slower as well as one that learns nothing.
+    assert results["eval_accuracy"] > 0.9, results["eval_accuracy"]
     assert results["eval_accuracy"] == pytest.approx(sum(r["prediction"] == r["label"] for r in rows) / len(rows))
     assert set(results["eval_per_class"]) == {"0", "1"} and len(results["eval_confusion_matrix"]["matrix"]) == 2
     config = json.loads((out / "config.json").read_text())
@@ -122,9 +121,9 @@ def test_ner_finds_entities_and_the_pipeline_agrees(conll, tmp_path):
     assert len(rows) == 300
     tags = [tag for row in rows for tag in row["labels"]]
     all_o = tags.count("O") / len(tags)  # 0.78: the accuracy of tagging every token O
-    # Tagging everything O (or at random) finds no entity, F1 0; two epochs (188 steps) reach F1 about 0.3 and token
-    # accuracy about 0.85, so F1 > 0.1 and accuracy 3 points above all-O leave room for run-to-run variation.
-    assert results["eval_f1"] > 0.1, results["eval_f1"]
+    # Tagging everything O (or at random) finds no entity, F1 0; two epochs (188 steps) reached F1 0.998 to 1.0 and
+    # token accuracy 1.0 with each of the seeds 42, 1, 2 and 3.
+    assert results["eval_f1"] > 0.8, results["eval_f1"]
     assert results["eval_accuracy"] > all_o + 0.03, (results["eval_accuracy"], all_o)
     assert set(results["eval_per_type"]) == {"LOC", "MISC", "ORG", "PER"}
     rescored = compute_entities([row["predictions"] for row in rows], [row["labels"] for row in rows])
@@ -159,7 +158,9 @@ def test_ner_on_two_processes_trains_an_epoch_once_and_gathers_every_sentence_on
     rescored = compute_entities([row["predictions"] for row in rows], [row["labels"] for row in rows])
     assert rescored["overall_f1"] == pytest.approx(results["eval_f1"])
     assert rescored["overall_accuracy"] == pytest.approx(results["eval_accuracy"])
-    # Rows 0-3 were predicted by process 0, rows 4-7 by process 1: both must have ended with the kept best weights.
+    # Rows 0-3 were predicted by process 0, rows 4-7 by process 1: the saved folder serves both halves as predicted.
+    # (Twenty steps learn too little to change a prediction between evaluations, so this run cannot tell the best
+    # weights from the last; test_load_best_model_at_end_... checks that both processes keep the best.)
     assert_token_pipeline_agrees(out, rows[:8])
 
 
@@ -171,7 +172,7 @@ def test_ner_with_document_context_scores_every_sentence_once_in_order_as_the_cr
     results = check_saved_run(out, "eval_predictions.jsonl")
     # 1,500 sentences of about 12 tokens fill about 160 rows of up to 128 tokens: some 20 steps an epoch, not 188.
     assert 40 <= results["train_steps"] <= 90, results["train_steps"]
-    assert results["eval_f1"] > 0.1, results["eval_f1"]
+    assert results["eval_f1"] > 0.5, results["eval_f1"]  # 0.72 to 0.94 with each of the seeds 42, 1, 2 and 3
     rows = read_jsonl(out / "eval_predictions.jsonl")
     blocks = (conll / "valid.txt").read_text().split("\n\n")[:45]
     sentences = [[line.split() for line in block.splitlines()] for block in blocks]
@@ -224,13 +225,13 @@ def test_qa_beats_the_first_words_of_the_context_and_the_pipeline_agrees(squad, 
     assert set(predictions) == set(references) and len(references) == 200
     assert compute_squad(predictions, references)["f1"] == pytest.approx(results["eval_f1"])
     # The trivial baseline answers with the first k words of the context; its best k in 1..10 scores F1 about 6
-    # here. Three epochs (189 steps) reach F1 about 39 by learning the kinds of answer and where the question's
-    # words are; one epoch (63 steps) about 17.
+    # here. Three epochs (189 steps) reached F1 47 to 55 with each of the seeds 42, 1, 2 and 3, by learning the kinds
+    # of answer and where the question's words are.
     baseline = max(
         compute_squad({q["id"]: " ".join(q["context"].split()[:k]) for q in questions}, references)["f1"]
         for k in range(1, 11)
     )
-    assert results["eval_f1"] > baseline + 10, (results["eval_f1"], baseline)
+    assert results["eval_f1"] > baseline + 25, (results["eval_f1"], baseline)
     nbest = json.loads((out / "eval_nbest_predictions.json").read_text())
     assert all(nbest[key][0]["answer"] == answer for key, answer in predictions.items())
     # One spelling for every environment, and no settings: the pipeline reads the run's windows from the config.
@@ -395,21 +396,22 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(tmp_path, capsys, tokeni
 
 
 @pytest.mark.slow
-def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics(tmp_path, tokenizer_dir):
+def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics_on_every_process(tmp_path, tokenizer_dir):
     """The validation rows are the training rows with their labels swapped, so the better the classifier fits its
     training rows the worse it scores: the best evaluation comes before the last, whatever the rounding. With a constant
     learning rate the weights after step k do not depend on the planned steps, so the kept weights must equal those of
-    a run that stopped at the best step."""
+    a run that stopped at the best step. Two processes, as `make demo` fine-tunes: each predicts half the validation
+    rows, so a process that kept its last weights would change the predictions file."""
     rows = [(f"the {word} of the nation {i}", label) for i in range(8) for word, label in (("peace", 0), ("war", 1))]
     for name, swap in (("train", 0), ("valid", 1)):
         (tmp_path / f"{name}.csv").write_text(
             "sentence,label\n" + "".join(f"{text},{'ab'[label ^ swap]}\n" for text, label in rows))
 
     def run(*more):
-        run_here("finetune_classification", "--train_file", tmp_path / "train.csv", "--validation_file",
-                 tmp_path / "valid.csv", "--tokenizer_name", tokenizer_dir, *TINY, "--classifier_pooling", "mean",
-                 "--adversarial_epsilon", 0, "--per_device_train_batch_size", 8, "--lr_scheduler_type", "constant",
-                 "--eval_steps", 2, *more, threads=1)
+        launch("finetune_classification", "--train_file", tmp_path / "train.csv", "--validation_file",
+               tmp_path / "valid.csv", "--tokenizer_name", tokenizer_dir, *TINY, "--classifier_pooling", "mean",
+               "--adversarial_epsilon", 0, "--per_device_train_batch_size", 4, "--lr_scheduler_type", "constant",
+               "--eval_steps", 2, *more, processes=2)
 
     run("--max_train_steps", 20, "--load_best_model_at_end", "--output_dir", tmp_path / "best")
     results = json.loads((tmp_path / "best" / "all_results.json").read_text())
