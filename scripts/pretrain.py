@@ -35,8 +35,8 @@ from sinebert.training.mlm import (
     evaluate_mlm,
     masked_token_count,
     mixed_lengths,
-    original_ids,
     pack_dataset,
+    trace_blocks,
 )
 from sinebert.training.models import add_size_arguments, load_pretrained, load_tokenizer, size_line
 from sinebert.training.reporting import write_model_card
@@ -228,7 +228,7 @@ def main(argv=None):
         evaluate=partial(evaluate_mlm, dataloader=eval_dataloader, accelerator=accelerator),
         main_metric="eval_loss",
         plot_metrics=("eval_accuracy",),
-        trace=original_ids,
+        trace=trace_blocks,
         reshape=reshape,
     )
     trainer = Trainer(args, accelerator, model, train_dataloader, task, streaming=args.streaming, evaluate_first=True)

@@ -83,6 +83,22 @@ def test_classification_beats_the_majority_class_and_the_pipeline_agrees(reviews
     assert [s["score"] for s in served] == pytest.approx([row["score"] for row in rows[:12]], abs=1e-4)
 
 
+@pytest.mark.parametrize("batching", ["--no_group_by_length", "--group_by_length"])
+def test_fine_tuning_draws_a_new_order_each_epoch(reviews, tmp_path, batching):
+    """Each epoch the same rows in another order: the shuffling loader's generator moves on, and the length-grouped
+    sampler's order is a function of the seed and the epoch. A resumed run's epochs are checked by
+    test_a_resumed_fine_tuning_run_ends_with_the_weights_of_an_uninterrupted_one."""
+    out = tmp_path / "epochs"
+    run_here("finetune_classification", "--train_file", reviews / "train.tsv", "--validation_file",
+             reviews / "dev.tsv", "--tokenizer_name", reviews / "tokenizer", *TINY, "--max_train_samples", 64,
+             "--max_eval_samples", 16, "--per_device_train_batch_size", 16, "--num_train_epochs", 2, "--trace_data",
+             batching, "--output_dir", out)
+    epochs = {0: [], 1: []}
+    for row in read_jsonl(out / "data_trace_rank0.jsonl"):
+        epochs[row["epoch"]] += map(tuple, row["input_ids"])
+    assert len(epochs[0]) == 64 and sorted(epochs[0]) == sorted(epochs[1]) and epochs[0] != epochs[1]
+
+
 # ----- NER -----
 
 
@@ -331,10 +347,11 @@ def in_process_ner(conll, tmp_path, *common):
 @pytest.mark.slow
 @pytest.mark.parametrize("batching", ["--no_group_by_length", "--group_by_length"])
 def test_a_resumed_fine_tuning_run_ends_with_the_weights_of_an_uninterrupted_one(conll, tmp_path, one_thread, batching):
-    """In-process runs (no launcher): six steps straight, against one step, a checkpoint, then a resumed five; with
-    dropout on, so the per-step seeds and the data order (random or length-grouped batches) must both be restored."""
+    """In-process runs (no launcher): twelve steps straight, against one step, a checkpoint, then a resumed eleven
+    that cross into the second epoch (8 batches of 60 sentences); with dropout on, so the per-step seeds and the data
+    order (random or length-grouped batches, each epoch's) must all be restored."""
     run = in_process_ner(conll, tmp_path, "--max_eval_samples", 16, "--hidden_dropout_prob", 0.1,
-                         "--max_train_steps", 6, "--checkpointing_steps", 3, batching)
+                         "--max_train_steps", 12, "--checkpointing_steps", 3, batching)
     run("--output_dir", tmp_path / "straight")
     run("--output_dir", tmp_path / "resumed", "--max_train_minutes", 0)
     assert json.loads((tmp_path / "resumed" / "all_results.json").read_text())["train_steps"] == 1

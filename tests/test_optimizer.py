@@ -1,4 +1,5 @@
-"""build_optimizer: which parameters decay, the word embeddings' own learning rate, layer-wise decay and Muon."""
+"""build_optimizer: which parameters decay, the word embeddings' own learning rate, layer-wise decay and Muon; and the
+gradient clipping of the Trainer's step."""
 
 import argparse
 
@@ -10,7 +11,9 @@ from transformers import get_scheduler
 from sinebert import SineBertForMaskedLM, SineBertForSequenceClassification
 from sinebert.training import optimizer as optimizers
 from sinebert.training.optimizer import build_optimizer, owners_of
-from tests.conftest import tiny_config
+from sinebert.training.loop import setup_accelerator
+from tests.conftest import (classifier_step_setup, classifier_trainer, gradients_at_optimizer_step, load_script,
+                            tiny_config)
 
 
 def _args(**values) -> argparse.Namespace:
@@ -219,3 +222,26 @@ def test_muon_shares_balance_the_orthogonalisation_work():
     work = [sum(min(s) ** 2 * max(s) for s, o in zip(shapes, owners) if o == r) for r in (0, 1)]
     assert max(work) / min(work) < 1.05
     assert owners_of(layer, 1) == [0] * 4 and sorted(set(owners_of(layer, 3))) == [0, 1, 2]
+
+
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler\.step\(\)`")  # the optimizer's step is replaced
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1e-3, 1e3])
+def test_a_step_scales_the_gradient_down_to_max_grad_norm_and_reports_its_norm_before(tmp_path, max_grad_norm):
+    script = load_script("finetune_classification")
+    args = script.parse_args(["--train_file", "unused.tsv", "--output_dir", str(tmp_path), "--adversarial_epsilon", "0",
+                              "--max_grad_norm", str(max_grad_norm)])
+    model, reference, rows, batch = classifier_step_setup()
+    reference(**batch).loss.backward()
+    expected = {name: p.grad for name, p in reference.named_parameters() if p.grad is not None}
+    norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in expected.values()]))
+    assert 1e-3 < norm < 1e3  # one bound clips, the other does not
+    trainer = classifier_trainer(args, setup_accelerator(args), model, rows)
+    reported = {}
+    step = trainer._optimizer_step
+    trainer._optimizer_step = lambda *a: reported.setdefault("result", step(*a))
+    seen = gradients_at_optimizer_step(trainer, model, batch)
+    scale = min(1.0, max_grad_norm / norm.item()) if max_grad_norm else 1.0
+    for name, gradient in expected.items():
+        torch.testing.assert_close(seen[name], gradient * scale, rtol=1e-4, atol=1e-9, msg=name)
+    grad_norm = reported["result"][3]
+    assert grad_norm is None if not max_grad_norm else grad_norm.item() == pytest.approx(norm.item(), rel=1e-4)

@@ -56,6 +56,8 @@ def test_one_process_learns_and_the_result_serves(text_corpus, tokenizer_dir, tm
     assert evals[-1]["eval_accuracy"] > evals[0]["eval_accuracy"]
     results = json.loads((out / "all_results.json").read_text())
     assert results["train_steps"] == 60 and results["train_tokens_per_second"] > 0
+    logged = [r for r in rows(out) if "loss" in r]
+    assert len(logged) == 60 and all(r["grad_norm"] > 0 for r in logged)  # the gradient's norm before clipping
     for name in ("README.md", "training_curves.png", "model.safetensors", "tokenizer.json"):
         assert (out / name).is_file(), name
     check_model_card(out, results)
@@ -81,8 +83,10 @@ def test_two_processes_match_one_process_with_twice_the_batch(text_corpus, token
 
 
 def test_resume_continues_exactly(text_corpus, tokenizer_dir, tmp_path, capsys):
-    # With token dropping by loss, whose running loss per token id and random draw of ties must resume exactly too.
-    common = [*data(text_corpus, tokenizer_dir), *TINY, "--per_device_train_batch_size", 8, "--max_train_steps", 24,
+    # With token dropping by loss, whose running loss per token id and random draw of ties must resume exactly too;
+    # 80 blocks make 10 steps an epoch, so the resumed run (from step 16) goes on into a third epoch's order and masks.
+    common = [*data(text_corpus, tokenizer_dir), *TINY, "--max_train_samples", 80,
+              "--per_device_train_batch_size", 8, "--max_train_steps", 24,
               "--eval_steps", 12, "--checkpointing_steps", 8, "--checkpoints_total_limit", 3,
               "--token_dropping_layers", 0, -1, "--token_dropping_policy", "loss"]
     run_here("pretrain", *common, "--output_dir", tmp_path / "full")
@@ -159,6 +163,23 @@ def test_streaming_reads_every_line_once_per_epoch(text_corpus, tokenizer_dir, t
     for special in (tokenizer.cls_token_id, tokenizer.sep_token_id):
         consumed.pop(special)
     assert consumed == expected
+
+
+def test_each_epoch_draws_a_new_order_and_new_masks(text_corpus, tokenizer_dir, tmp_path):
+    """Dynamic masking (RoBERTa): the loop gives the sampler and the collator each epoch's number."""
+    out = tmp_path / "epochs"
+    # 48 blocks in batches of 16: 3 steps an epoch, 6 steps two epochs.
+    run_here("pretrain", *data(text_corpus, tokenizer_dir), *TINY, "--max_train_samples", 48, "--trace_data",
+             "--per_device_train_batch_size", 16, "--max_train_steps", 6, "--eval_steps", 6, "--output_dir", out)
+    epochs = collections.defaultdict(list)  # epoch -> [(block, masked positions)] in training order
+    for line in (out / "data_trace_rank0.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        epochs[row["epoch"]] += zip(map(tuple, row["input_ids"]), map(tuple, row["masked"]))
+    first, second = epochs[0], epochs[1]
+    assert len(first) == len(second) == 48 and sorted(b for b, _ in first) == sorted(b for b, _ in second)
+    assert [b for b, _ in first] != [b for b, _ in second]
+    masks = dict(first)
+    assert sum(masks[block] != masked for block, masked in second) > 40  # ~9 of 64 tokens masked: rarely the same
 
 
 def test_config_file_supplies_arguments_and_rejects_unknown_keys(text_corpus, tokenizer_dir, tmp_path, capsys):

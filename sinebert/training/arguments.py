@@ -225,7 +225,9 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
     group.add_argument("--logging_steps", type=int, default=10, help="Log the training loss every N steps.")
     group.add_argument("--with_tracking", action="store_true", help="Also log to accelerate trackers (--report_to).")
     group.add_argument("--report_to", default="all", help="Tracker names for --with_tracking, as in accelerate.")
-    group.add_argument("--trace_data", action="store_true", help="Write the token ids each process trained on.")
+    group.add_argument("--trace_data", action="store_true",
+                       help="Write the token ids each process trained on (pretraining: and the masked positions) to "
+                            "data_trace_rank*.jsonl in --output_dir.")
 
 
 # The range of every numeric argument, checked in one place for the command line and the config file alike (an

@@ -46,7 +46,7 @@ class Task:
         over all terms of an optimizer step across micro-batches and processes, so accumulation and data
         parallelism give the same update as one large batch.
     evaluate: runs on every process with the prepared model and returns metrics named `eval_*`.
-    trace: what `--trace_data` records of a batch (default: the unpadded input ids).
+    trace: the fields `--trace_data` records of a batch (default: `input_ids`, the unpadded input ids).
     reshape: given a micro-batch and the optimizer step, the batch the model sees (pretraining's mixed lengths).
     load_best_model_at_end: keep the weights of the best evaluation and end the run with them (and their metrics).
     early_stopping_patience: end the run after this many evaluations in a row without a better main metric, once
@@ -59,7 +59,7 @@ class Task:
     greater_is_better: bool = False
     early_stopping_patience: int | None = None
     plot_metrics: tuple[str, ...] = ()
-    trace: Callable[[dict], list[list[int]]] | None = None
+    trace: Callable[[dict], dict[str, list]] | None = None
     reshape: Callable[[dict, int], dict] | None = None
     load_best_model_at_end: bool = False
 
@@ -440,7 +440,7 @@ class Trainer:
         while self.state.step < self.total_steps and stop_reason is None:
             step_start = time.perf_counter()
             micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
-            loss, tokens, stop = self._optimizer_step(micro_batches, step_start)
+            loss, tokens, stop, grad_norm = self._optimizer_step(micro_batches, step_start)
             self.state.step += 1
             self.state.tokens += tokens
             window_loss, window_steps, window_tokens = window_loss + loss, window_steps + 1, window_tokens + tokens
@@ -451,6 +451,8 @@ class Trainer:
                     step=self.state.step, loss=window_loss / window_steps, learning_rate=self.scheduler.get_last_lr()[0],
                     tokens_per_second=window_tokens / max(seconds, 1e-9), tokens=self.state.tokens,
                 )
+                if grad_norm is not None:  # the last step's, before clipping, as Hugging Face's Trainer logs it
+                    row["grad_norm"] = grad_norm.item()
                 log.write(**row)
                 if args.with_tracking:
                     accelerator.log(row, step=self.state.step)
@@ -490,8 +492,10 @@ class Trainer:
 
     # ----- one optimizer step -----
 
-    def _optimizer_step(self, micro_batches: list[dict], step_start: float) -> tuple[float, int, bool]:
-        """Forward/backward every micro-batch, then clip and step. Returns (mean loss, tokens, stop flag)."""
+    def _optimizer_step(self, micro_batches: list[dict],
+                        step_start: float) -> tuple[float, int, bool, torch.Tensor | None]:
+        """Forward/backward every micro-batch, then clip and step. Returns (mean loss, tokens, stop flag, gradient norm
+        before clipping: None without --max_grad_norm or when the step was skipped)."""
         accelerator, model = self.accelerator, self.model
         counts = [self.task.count(batch) for batch in micro_batches]
         total = accelerator.reduce(torch.tensor(float(sum(counts)), device=accelerator.device), "sum").item()
@@ -529,15 +533,16 @@ class Trainer:
         )
         loss_sum, nonfinite, stop, tokens, clock = accelerator.reduce(flags, "sum").tolist()
         self.state.training_seconds = clock
+        grad_norm = None
         if nonfinite:
             self._handle_nonfinite()
         else:
             if self.args.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return (loss_sum / max(total, 1.0) if not nonfinite else float("nan")), int(tokens), bool(stop)
+        return (loss_sum / max(total, 1.0) if not nonfinite else float("nan")), int(tokens), bool(stop), grad_norm
 
     def _adversarial_backward(self, batch: dict, count: int, scale: float):
         """FGM (Miyato et al., 2017): the loss again with the word embeddings moved by --adversarial_epsilon along
@@ -618,9 +623,9 @@ class Trainer:
                 yield batch
 
     def _trace_row(self, epoch: int, batch: dict) -> str:
-        ids = self.task.trace(batch) if self.task.trace else unpadded_ids(batch, batch["input_ids"])
+        fields = self.task.trace(batch) if self.task.trace else {"input_ids": unpadded_ids(batch, batch["input_ids"])}
         real = bool((batch["labels"] != -100).any()) if "labels" in batch else True
-        return json.dumps({"step": self.state.step, "epoch": epoch, "real": real, "input_ids": ids}) + "\n"
+        return json.dumps({"step": self.state.step, "epoch": epoch, "real": real, **fields}) + "\n"
 
     def _trace_file(self):
         if not self.args.trace_data:

@@ -168,10 +168,12 @@ def mixed_lengths(args, pad_token_id: int) -> MixedLengths | None:
     return MixedLengths(args.short_seq_length, args.short_seq_probability, args.seed, pad_token_id)
 
 
-def original_ids(batch: dict) -> list[list[int]]:
-    """The unmasked, unpadded blocks of a collated batch (what `--trace_data` records)."""
+def trace_blocks(batch: dict) -> dict[str, list[list[int]]]:
+    """What `--trace_data` records of a collated batch: its unmasked, unpadded blocks and each block's masked
+    positions."""
     labels = batch["labels"]
-    return unpadded_ids(batch, torch.where(labels != -100, labels, batch["input_ids"]))
+    masked = [torch.nonzero(row != -100).flatten().tolist() for row in labels]
+    return {"input_ids": unpadded_ids(batch, torch.where(labels != -100, labels, batch["input_ids"])), "masked": masked}
 
 
 def masked_token_count(batch: dict) -> int:
