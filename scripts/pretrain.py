@@ -132,6 +132,8 @@ def load_blocks(args, accelerator, tokenizer):
         # Validation is small: materialise it so every process evaluates the same, evenly sharded blocks.
         validation = pack_dataset(_materialise(validation), tokenizer, args.max_seq_length, text_column)
         train = pack_dataset(train, tokenizer, args.max_seq_length, text_column)
+        if args.max_train_samples:
+            train = train.take(args.max_train_samples)  # blocks, as without --streaming
         return StreamingBlocks(train, accelerator.process_index, accelerator.num_processes), validation
     splits = hold_out_validation(splits, args.validation_split_percentage, args.seed)
     with accelerator.main_process_first():

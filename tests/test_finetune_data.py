@@ -345,7 +345,8 @@ def test_multi_label_and_regression_predictions(tmp_path, tokenizer):
     data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": "x|y"}, {"text": "b", "label": "y"}],
                                problem_type="multi_label_classification", label_separator="|")
     evaluation = ClassificationEvaluation(None, None, data)
-    logits = [torch.tensor([2.0, 2.0]), torch.tensor([-2.0, 2.0])]  # sigmoid > 0.5 exactly where the labels are
+    # sigmoid > 0.5 exactly where the labels are: x at 0.55 in the first row, 0.45 in the second
+    logits = [torch.tensor([0.2, 2.0]), torch.tensor([-0.2, 2.0])]
     predictions, metrics = evaluation.score([{"logits": row} for row in logits])
     assert [p["prediction"] for p in predictions] == [["x", "y"], ["y"]]
     assert metrics["accuracy"] == 1.0 and metrics["micro_f1"] == 1.0 and evaluation.main_metric == "eval_micro_f1"

@@ -59,6 +59,8 @@ def test_layerwise_decay_gives_each_layer_its_share_of_the_learning_rate():
     decays = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
     assert decays[id(named["sinebert.layers.0.mlp.fc1.weight"])] == 0.01
     assert decays[id(named["sinebert.layers.0.mlp.fc1.bias"])] == 0.0
+    assert decays[id(named["sinebert.layers.0.mlp_norm.weight"])] == 0.0  # norms do not decay (BERT's recipe)
+    assert decays[id(named["sinebert.embeddings.LayerNorm.weight"])] == 0.0
     assert len(rate) == len(named)
 
 

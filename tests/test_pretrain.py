@@ -165,6 +165,24 @@ def test_streaming_reads_every_line_once_per_epoch(text_corpus, tokenizer_dir, t
     assert consumed == expected
 
 
+def test_streaming_shards_that_run_out_unevenly_end_the_epoch_together_without_training_twice(
+        text_corpus, tokenizer_dir, tmp_path):
+    out = tmp_path / "uneven"
+    # 33 blocks dealt out in turn: 17 (3 batches of up to 8) on process 0, 16 (2 batches) on process 1, which takes
+    # part in the third step with its last batch again, every label ignored.
+    launch(*data(text_corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--max_train_samples", 33,
+           "--per_device_train_batch_size", 8, "--max_train_steps", 4, "--eval_steps", 4, "--output_dir", out,
+           processes=2)
+    rows = {rank: [json.loads(line) for line in (out / f"data_trace_rank{rank}.jsonl").read_text().splitlines()]
+            for rank in (0, 1)}
+    assert [(r["epoch"], r["real"]) for r in rows[0]] == [(0, True)] * 3 + [(1, True)]
+    assert [(r["epoch"], r["real"]) for r in rows[1]] == [(0, True)] * 2 + [(0, False), (1, True)]
+    assert rows[1][2]["input_ids"] == rows[1][1]["input_ids"]
+    trained = [tuple(block) for rank in (0, 1) for r in rows[rank] if r["epoch"] == 0 and r["real"]
+               for block in r["input_ids"]]
+    assert len(trained) == 33 == len(set(trained))
+
+
 def test_each_epoch_draws_a_new_order_and_new_masks(text_corpus, tokenizer_dir, tmp_path):
     """Dynamic masking (RoBERTa): the loop gives the sampler and the collator each epoch's number."""
     out = tmp_path / "epochs"

@@ -38,6 +38,12 @@ from .sharding import (
 )
 
 
+# The key of a batch that a streaming process repeats after its shard ran out, so that it takes part in the step's
+# collectives: it counts no loss terms and no tokens. It keeps its labels: a masked-LM's last layer computes only the
+# labelled rows, and with none its query projection would get no gradient, a different all-reduce from the others'.
+REPEATED = "repeated_batch"
+
+
 @dataclass
 class Task:
     """What a script plugs into the loop.
@@ -497,13 +503,14 @@ class Trainer:
         """Forward/backward every micro-batch, then clip and step. Returns (mean loss, tokens, stop flag, gradient norm
         before clipping: None without --max_grad_norm or when the step was skipped)."""
         accelerator, model = self.accelerator, self.model
-        counts = [self.task.count(batch) for batch in micro_batches]
+        repeated = [bool(batch.pop(REPEATED, False)) for batch in micro_batches]
+        counts = [0 if again else self.task.count(batch) for batch, again in zip(micro_batches, repeated)]
         total = accelerator.reduce(torch.tensor(float(sum(counts)), device=accelerator.device), "sum").item()
         # The loss of each micro-batch is its sum over loss terms divided by the step's total; DDP averages
         # gradients over processes, hence the factor num_processes.
         scale = accelerator.num_processes / max(total, 1.0)
         loss_sum, tokens = 0.0, 0
-        for micro, (batch, count) in enumerate(zip(micro_batches, counts)):
+        for micro, (batch, count, again) in enumerate(zip(micro_batches, counts, repeated)):
             torch.manual_seed(_step_seed(self.args.seed, self.state.step, micro, accelerator.process_index))
             last = micro == len(micro_batches) - 1
             if self.task.reshape:
@@ -517,7 +524,9 @@ class Trainer:
                 with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast():
                     self._adversarial_backward(batch, count, scale)
             loss_sum += loss.detach().float().item()
-            tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            if not again:
+                mask = batch.get("attention_mask")
+                tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         self.state.training_seconds += time.perf_counter() - step_start
         over_time = (
             self.args.max_train_minutes is not None
@@ -602,7 +611,7 @@ class Trainer:
             yield from loader
             return
         # Streaming: each process reads its own shard; the epoch ends when every process has run out, and a
-        # process that runs out first repeats its last batch with every label ignored (zero loss terms).
+        # process that runs out first repeats its last batch, which counts no loss terms (REPEATED).
         iterator, last, seen = iter(self.train_dataloader), None, 0
         while True:
             batch = next(iterator, None)
@@ -615,7 +624,7 @@ class Trainer:
                         f"Process {self.accelerator.process_index} got no streaming data at all: the data has fewer "
                         "shards or lines than there are processes; use more data or fewer processes."
                     )
-                batch = {**last, "labels": torch.full_like(last["labels"], -100)}
+                batch = {**last, REPEATED: True}
             else:
                 last = batch = {k: v.to(self.accelerator.device) for k, v in batch.items()}
             seen += 1
@@ -624,7 +633,7 @@ class Trainer:
 
     def _trace_row(self, epoch: int, batch: dict) -> str:
         fields = self.task.trace(batch) if self.task.trace else {"input_ids": unpadded_ids(batch, batch["input_ids"])}
-        real = bool((batch["labels"] != -100).any()) if "labels" in batch else True
+        real = not batch.get(REPEATED) and (bool((batch["labels"] != -100).any()) if "labels" in batch else True)
         return json.dumps({"step": self.state.step, "epoch": epoch, "real": real, **fields}) + "\n"
 
     def _trace_file(self):
