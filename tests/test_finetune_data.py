@@ -154,8 +154,8 @@ def test_conll_line_with_wrong_columns_names_file_and_line(tmp_path):
 
 
 def test_iob1_is_converted_and_invalid_iob2_is_refused():
-    iob1 = Sentence(["a", "b", "c", "d", "e"], ["I-PER", "I-PER", "B-PER", "O", "I-LOC"], "x line 1")
-    assert to_iob2(iob1, "IOB1").tags == ["B-PER", "I-PER", "B-PER", "O", "B-LOC"]
+    iob1 = Sentence(["a", "b", "c", "d", "e", "f"], ["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG"], "x line 1")
+    assert to_iob2(iob1, "IOB1").tags == ["B-PER", "I-PER", "B-PER", "O", "B-LOC", "B-ORG"]  # a new type, a new entity
     with pytest.raises(UserError) as error:
         to_iob2(iob1, "IOB2")
     assert "x line 1: the tag I-PER (token 1) follows O" in one_sentence(error)
