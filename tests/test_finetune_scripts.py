@@ -415,10 +415,10 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(tmp_path, capsys, tokeni
 @pytest.mark.slow
 def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics_on_every_process(tmp_path, tokenizer_dir):
     """The validation rows are the training rows with their labels swapped, so the better the classifier fits its
-    training rows the worse it scores: the best evaluation comes before the last, whatever the rounding. With a constant
-    learning rate the weights after step k do not depend on the planned steps, so the kept weights must equal those of
-    a run that stopped at the best step. Two processes, as `make demo` fine-tunes: each predicts half the validation
-    rows, so a process that kept its last weights would change the predictions file."""
+    training rows the worse it scores: the best evaluation comes before the last, whatever the rounding. The kept
+    weights must equal the checkpoint of the best step. Two processes, as `make demo` fine-tunes: each predicts half
+    the validation rows, so a process that kept its last weights would write predictions the saved model does not
+    make."""
     rows = [(f"the {word} of the nation {i}", label) for i in range(8) for word, label in (("peace", 0), ("war", 1))]
     for name, swap in (("train", 0), ("valid", 1)):
         (tmp_path / f"{name}.csv").write_text(
@@ -430,7 +430,8 @@ def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics_on
                "--adversarial_epsilon", 0, "--per_device_train_batch_size", 4, "--lr_scheduler_type", "constant",
                "--eval_steps", 2, *more, processes=2)
 
-    run("--max_train_steps", 20, "--load_best_model_at_end", "--output_dir", tmp_path / "best")
+    run("--max_train_steps", 20, "--load_best_model_at_end", "--checkpointing_steps", 2,
+        "--checkpoints_total_limit", 10, "--output_dir", tmp_path / "best")
     results = json.loads((tmp_path / "best" / "all_results.json").read_text())
     evaluations = [row for row in read_jsonl(tmp_path / "best" / "metrics.jsonl") if "eval_accuracy" in row]
     best = max(evaluations, key=lambda row: row["eval_accuracy"])  # the first of equals, as the trainer keeps it
@@ -438,9 +439,10 @@ def test_load_best_model_at_end_keeps_the_best_evaluation_weights_and_metrics_on
     assert results["eval_accuracy"] == best["eval_accuracy"] and results["train_steps"] == 20
     assert not (tmp_path / "best" / "best_model.safetensors").exists()
 
-    run("--max_train_steps", best["step"], "--output_dir", tmp_path / "short")
     kept = load_file(tmp_path / "best" / "model.safetensors")
-    short = load_file(tmp_path / "short" / "model.safetensors")
-    assert all(torch.equal(kept[name], short[name]) for name in short)
-    assert (tmp_path / "best" / "eval_predictions.jsonl").read_text() == \
-        (tmp_path / "short" / "eval_predictions.jsonl").read_text()
+    at_best = load_file(tmp_path / "best" / "checkpoints" / f"step_{best['step']:08d}" / "model.safetensors")
+    assert kept.keys() == at_best.keys() and all(torch.equal(kept[name], at_best[name]) for name in kept)
+    rows = read_jsonl(tmp_path / "best" / "eval_predictions.jsonl")
+    served = pipeline("text-classification", model=str(tmp_path / "best"))([row["text"] for row in rows])
+    assert [s["label"] for s in served] == [row["prediction"] for row in rows]
+    assert [s["score"] for s in served] == pytest.approx([row["score"] for row in rows], abs=1e-4)
