@@ -134,11 +134,15 @@ def test_muon_learns_and_resumes_exactly_with_two_processes(text_corpus, tokeniz
     assert "was written with other optimizer parameter groups than this run's" in message and "--optim" in message
 
 
+def traced(folder, rank: int = 0) -> list[dict]:
+    """The rows --trace_data wrote for process `rank`, one per micro-batch."""
+    return [json.loads(line) for line in (folder / f"data_trace_rank{rank}.jsonl").read_text().splitlines()]
+
+
 def consumed_tokens(folder, processes: int) -> collections.Counter:
     counter = collections.Counter()
     for rank in range(processes):
-        for line in (folder / f"data_trace_rank{rank}.jsonl").read_text().splitlines():
-            row = json.loads(line)
+        for row in traced(folder, rank):
             if row["epoch"] == 0 and row["real"]:
                 for block in row["input_ids"]:
                     counter.update(block)
@@ -169,16 +173,15 @@ def test_streaming_shards_that_run_out_unevenly_end_the_epoch_together_without_t
         text_corpus, tokenizer_dir, tmp_path):
     out = tmp_path / "uneven"
     # 33 blocks dealt out in turn: 17 (3 batches of up to 8) on process 0, 16 (2 batches) on process 1, which takes
-    # part in the third step with its last batch again, every label ignored.
+    # part in the third step with its last batch again, counting no loss terms.
     launch(*data(text_corpus, tokenizer_dir), *TINY, "--streaming", "--trace_data", "--max_train_samples", 33,
            "--per_device_train_batch_size", 8, "--max_train_steps", 4, "--eval_steps", 4, "--output_dir", out,
            processes=2)
-    rows = {rank: [json.loads(line) for line in (out / f"data_trace_rank{rank}.jsonl").read_text().splitlines()]
-            for rank in (0, 1)}
-    assert [(r["epoch"], r["real"]) for r in rows[0]] == [(0, True)] * 3 + [(1, True)]
-    assert [(r["epoch"], r["real"]) for r in rows[1]] == [(0, True)] * 2 + [(0, False), (1, True)]
-    assert rows[1][2]["input_ids"] == rows[1][1]["input_ids"]
-    trained = [tuple(block) for rank in (0, 1) for r in rows[rank] if r["epoch"] == 0 and r["real"]
+    traces = {rank: traced(out, rank) for rank in (0, 1)}
+    assert [(r["epoch"], r["real"]) for r in traces[0]] == [(0, True)] * 3 + [(1, True)]
+    assert [(r["epoch"], r["real"]) for r in traces[1]] == [(0, True)] * 2 + [(0, False), (1, True)]
+    assert traces[1][2]["input_ids"] == traces[1][1]["input_ids"]
+    trained = [tuple(block) for rank in (0, 1) for r in traces[rank] if r["epoch"] == 0 and r["real"]
                for block in r["input_ids"]]
     assert len(trained) == 33 == len(set(trained))
 
@@ -190,8 +193,7 @@ def test_each_epoch_draws_a_new_order_and_new_masks(text_corpus, tokenizer_dir, 
     run_here("pretrain", *data(text_corpus, tokenizer_dir), *TINY, "--max_train_samples", 48, "--trace_data",
              "--per_device_train_batch_size", 16, "--max_train_steps", 6, "--eval_steps", 6, "--output_dir", out)
     epochs = collections.defaultdict(list)  # epoch -> [(block, masked positions)] in training order
-    for line in (out / "data_trace_rank0.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in traced(out):
         epochs[row["epoch"]] += zip(map(tuple, row["input_ids"]), map(tuple, row["masked"]))
     first, second = epochs[0], epochs[1]
     assert len(first) == len(second) == 48 and sorted(b for b, _ in first) == sorted(b for b, _ in second)
