@@ -146,21 +146,25 @@ def reviews(tmp_path_factory):
     return folder
 
 
-def test_fine_tuning_keeps_the_best_weights_under_fsdp_as_under_data_parallel(reviews, tokenizer_dir, tmp_path):
-    """The best evaluation's weights are gathered from the shards, kept, and given back to every shard at the end."""
+def test_fine_tuning_keeps_the_best_weights_under_fsdp_as_one_process_does(reviews, tokenizer_dir, tmp_path):
+    """The best evaluation's weights are gathered from the shards, kept, and given back to every shard at the end: as
+    one process with the whole batch keeps them (data parallelism's two processes: tests/test_finetune_scripts.py)."""
     argv = ["--train_file", reviews / "train.tsv", "--validation_file", reviews / "dev.tsv", "--tokenizer_name",
-            tokenizer_dir, *TINY, "--scale_embeddings", "--per_device_train_batch_size", 16, "--max_train_steps", 12,
-            "--eval_steps", 3, "--load_best_model_at_end"]
-    launch_script("finetune_classification", *argv, "--output_dir", tmp_path / "fsdp", processes=2, config="fsdp.yaml")
-    # FSDP cannot run the script's default FGM and leaves it off; data parallel is told to.
-    launch_script("finetune_classification", *argv, "--adversarial_epsilon", 0, "--output_dir", tmp_path / "ddp",
-                  processes=2)
-    results = [json.loads((tmp_path / run / "all_results.json").read_text()) for run in ("fsdp", "ddp")]
+            tokenizer_dir, *TINY, "--scale_embeddings", "--max_train_steps", 12, "--eval_steps", 3,
+            "--load_best_model_at_end"]
+    launch_script("finetune_classification", *argv, "--per_device_train_batch_size", 16, "--output_dir",
+                  tmp_path / "fsdp", processes=2, config="fsdp.yaml")
+    # FSDP cannot run the script's default FGM and leaves it off; the one process is told to.
+    run_here("finetune_classification", *argv, "--per_device_train_batch_size", 32, "--adversarial_epsilon", 0,
+             "--output_dir", tmp_path / "one")
+    results = [json.loads((tmp_path / run / "all_results.json").read_text()) for run in ("fsdp", "one")]
     assert results[0]["best_step"] == results[1]["best_step"] < 12  # weights of an earlier step were given back
     assert results[0]["eval_accuracy"] == pytest.approx(results[1]["eval_accuracy"])
-    predictions = [(tmp_path / run / "eval_predictions.jsonl").read_text() for run in ("fsdp", "ddp")]
-    assert predictions[0] == predictions[1]
-    a, b = load_file(tmp_path / "fsdp" / "model.safetensors"), load_file(tmp_path / "ddp" / "model.safetensors")
+    predictions = [[json.loads(line) for line in (tmp_path / run / "eval_predictions.jsonl").read_text().splitlines()]
+                   for run in ("fsdp", "one")]
+    assert [row["prediction"] for row in predictions[0]] == [row["prediction"] for row in predictions[1]]
+    assert [row["score"] for row in predictions[0]] == pytest.approx([row["score"] for row in predictions[1]], abs=1e-5)
+    a, b = load_file(tmp_path / "fsdp" / "model.safetensors"), load_file(tmp_path / "one" / "model.safetensors")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
