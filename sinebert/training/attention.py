@@ -2,15 +2,12 @@
 
 from pathlib import Path
 
-import matplotlib
+import torch
+from transformers import AutoModel, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
-matplotlib.use("Agg")  # no display on training machines
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoModel, AutoTokenizer  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from .errors import UserError  # noqa: E402
+from .errors import UserError
+from .reporting import pyplot
 
 
 def attention_maps(model_dir: str | Path, text: str, max_length: int = 64,
@@ -52,6 +49,7 @@ def plot_attention_grid(tokens: list[str], weights: torch.Tensor, output: str | 
     layers, heads = weights.shape[:2]
     top = float(weights.max())
     cell = min(2.6, 22 / max(heads, layers))  # inches per heatmap; large models stay a readable size
+    plt = pyplot()
     figure, axes = plt.subplots(layers, heads, figsize=(cell * heads + 0.8, cell * layers + 0.9), squeeze=False)
     font = max(3.0, min(7.0, 150 / max(len(tokens), 1) * cell / 2.6))
     for layer in range(layers):

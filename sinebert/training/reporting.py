@@ -5,11 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-import matplotlib
 import yaml
-
-matplotlib.use("Agg")  # no display on training machines
-import matplotlib.pyplot as plt  # noqa: E402
 
 
 def peak_rss_mib() -> float:
@@ -57,6 +53,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def pyplot():
+    """matplotlib's pyplot without a display (training machines have none), imported when a figure is drawn: only
+    the main process draws, and the import takes most of a second."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
+
 def plot_curves(log_path: Path, output: Path, title: str, eval_keys: tuple[str, ...] = ()) -> Path | None:
     """Training loss (and evaluation loss) against steps, plus any `eval_keys` metrics on a second axis."""
     rows = read_jsonl(log_path) if Path(log_path).exists() else []
@@ -64,6 +71,7 @@ def plot_curves(log_path: Path, output: Path, title: str, eval_keys: tuple[str, 
     evals = [r for r in rows if any(k.startswith("eval_") for k in r)]
     if not train and not evals:
         return None
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(7, 4))
     if train:
         axis.plot(*zip(*train), label="train loss", linewidth=1)
