@@ -74,7 +74,8 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
 
 class MaskingCollator:
     """Pads blocks and masks them for MLM (Devlin et al., 2019): each non-special token is chosen with probability
-    `mlm_probability`; chosen tokens become [MASK] 80% of the time, a random token 10%, unchanged 10%. With
+    `mlm_probability`, and one at random where that chose none; chosen tokens become [MASK] 80% of the time, a random
+    token 10%, unchanged 10%. With
     `sample_noise`, each position also gets a uniform number (`sample_noise`, `(batch, seq)`) from which
     replaced-token detection's generator samples its token there.
 
@@ -98,6 +99,15 @@ class MaskingCollator:
         if self.epoch is not None:
             self.epoch = epoch
 
+    @staticmethod
+    def _one_of(eligible: torch.Tensor, generator: torch.Generator) -> int:
+        """A position drawn from `eligible` `(seq,)`, for a block in which no token was chosen: every block predicts
+        at least one token, as BERT's data builder made sure. A micro-batch with none would log a loss of 0, take a
+        step with no gradient and, with several processes, give the masked-LM head's last layer no gradient on this
+        process only, which data parallelism cannot reduce (gloo stops on the mismatch)."""
+        positions = eligible.nonzero().flatten()
+        return int(positions[torch.randint(len(positions), (1,), generator=generator)])
+
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         length = max(len(e["input_ids"]) for e in examples)
         input_ids = torch.full((len(examples), length), self.pad_id, dtype=torch.long)
@@ -108,9 +118,10 @@ class MaskingCollator:
         for row, example in enumerate(examples):
             ids = torch.tensor(example["input_ids"], dtype=torch.long)
             generator = torch.Generator().manual_seed(hash((self.seed, epoch, int(example["example_id"]))) % 2**62)
-            chosen = (torch.rand(len(ids), generator=generator) < self.mlm_probability) & ~torch.isin(
-                ids, self.special_ids
-            )
+            eligible = ~torch.isin(ids, self.special_ids)
+            chosen = (torch.rand(len(ids), generator=generator) < self.mlm_probability) & eligible
+            if not chosen.any() and eligible.any():
+                chosen[self._one_of(eligible, generator)] = True
             action = torch.rand(len(ids), generator=generator)  # < 0.8: [MASK]; < 0.9: random token; else keep
             random_ids = torch.randint(self.vocab_size, (len(ids),), generator=generator)
             labels[row, : len(ids)] = torch.where(chosen, ids, -100)
