@@ -43,6 +43,15 @@ def test_trains_on_globbed_text_files_and_reloads(corpus, tmp_path):
     assert tokenizer.decode(tokenizer("The Movie")["input_ids"], skip_special_tokens=True) == "the movie"
 
 
+def test_uncased_folds_accents_as_bert_uncased_and_a_merge_needs_min_frequency():
+    texts = ["the café is open today"] * 20 + ["a zebracorn"]
+    uncased = train_wordpiece(texts, vocab_size=200, min_frequency=2)
+    assert uncased("Café")["input_ids"] == uncased("cafe")["input_ids"]
+    # Seen once, the word's letter pairs never reach two counts: it stays in single letters unless 1 is enough.
+    assert uncased.tokenize("zebracorn")[:2] == ["z", "##e"]
+    assert train_wordpiece(texts, vocab_size=200, min_frequency=1).tokenize("zebracorn") == ["zebracorn"]
+
+
 def test_ids_depend_only_on_the_vocabulary_not_on_the_trainers_numbering(sentences):
     """The WordPiece trainer numbers its '##' pieces in hash-map order; without renumbering, trainings on the same
     text gave other ids to the same tokens, and a model is only valid with the ids it was trained with."""
