@@ -31,6 +31,27 @@ def test_example_flags_that_cannot_work_are_one_sentence(tmp_path, capsys, scrip
     assert not (tmp_path / "out").exists()
 
 
+def test_tracking_that_would_log_nowhere_is_one_sentence(tmp_path, capsys, monkeypatch):
+    """accelerate only warns when --report_to names a tracker it cannot start, and the run logs to none."""
+    import argparse
+
+    import accelerate.tracking
+    from accelerate.utils import LoggerType
+
+    from sinebert.training.loop import check_trackers
+
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [])
+    for flags, message in ((["--report_to", "tensorbord"], "--report_to tensorbord is not a tracker accelerate knows"),
+                           (["--report_to", "tensorboard"], "needs the tensorboard package, which is not installed"),
+                           ([], "--with_tracking logs to every installed tracker, and none of aim, tensorboard")):
+        argv = ["--train_file", tmp_path / "x.txt", "--output_dir", tmp_path / "out", "--with_tracking", *flags]
+        assert message in user_error(capsys, SCRIPTS["finetune_ner"], argv)
+        assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [LoggerType.TENSORBOARD])
+    for report_to in ("tensorboard", "all"):
+        check_trackers(argparse.Namespace(with_tracking=True, report_to=report_to))  # no error
+
+
 def test_example_flags_that_work_keep_their_hugging_face_meaning():
     pretrain = SCRIPTS["pretrain"].parse_args(["--output_dir", "o", "--model_type", "sinebert", "--overwrite_cache",
                                                "--pad_to_max_length", "--low_cpu_mem_usage"])

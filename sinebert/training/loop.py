@@ -92,6 +92,28 @@ RESUME_SETTINGS = ("optim", "learning_rate", "muon_learning_rate", "embedding_le
                    "mlm_probability", "adversarial_epsilon", "seed")
 
 
+def check_trackers(args):
+    """With --with_tracking: one sentence if --report_to names no tracker accelerate knows, one that is not installed,
+    or 'all' where none is (accelerate would warn and log nowhere); else nothing."""
+    if not getattr(args, "with_tracking", False):
+        return
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    known = [tracker.value for tracker in LoggerType if tracker != LoggerType.ALL]
+    installed = [tracker.value for tracker in get_available_trackers()]
+    if args.report_to == "all" and not installed:
+        raise UserError(f"--with_tracking logs to every installed tracker, and none of {', '.join(known)} is "
+                        "installed; install one (pip install tensorboard), or leave out --with_tracking "
+                        "(metrics.jsonl in the output folder has every logged row either way).")
+    if args.report_to != "all" and args.report_to not in known:
+        raise UserError(f"--report_to {args.report_to} is not a tracker accelerate knows; pass one of "
+                        f"{', '.join(known)}, or all.")
+    if args.report_to != "all" and args.report_to not in installed:
+        raise UserError(f"--report_to {args.report_to} needs the {args.report_to} package, which is not installed: "
+                        f"pip install {args.report_to}, or leave out --with_tracking.")
+
+
 def setup_accelerator(args) -> Accelerator:
     """Create the Accelerator first (as every script must), seed, and claim the output folder.
 
@@ -99,6 +121,7 @@ def setup_accelerator(args) -> Accelerator:
     talk over gloo; accelerate alone would start independent single-process runs there.
     """
     check_hub(args)  # before anything is written: an upload that cannot happen must not cost the training
+    check_trackers(args)
     die_with_launcher()
     cpu = not torch.accelerator.is_available()
     check_launch(cpu)
