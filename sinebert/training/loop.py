@@ -102,14 +102,16 @@ def check_trackers(args):
 
     known = [tracker.value for tracker in LoggerType if tracker != LoggerType.ALL]
     installed = [tracker.value for tracker in get_available_trackers()]
-    if args.report_to == "all" and not installed:
-        raise UserError(f"--with_tracking logs to every installed tracker, and none of {', '.join(known)} is "
-                        "installed; install one (pip install tensorboard), or leave out --with_tracking "
-                        "(metrics.jsonl in the output folder has every logged row either way).")
-    if args.report_to != "all" and args.report_to not in known:
+    if args.report_to == "all":
+        if not installed:
+            raise UserError(f"--with_tracking logs to every installed tracker, and none of {', '.join(known)} is "
+                            "installed; install one (pip install tensorboard), or leave out --with_tracking "
+                            "(metrics.jsonl in the output folder has every logged row either way).")
+        return
+    if args.report_to not in known:
         raise UserError(f"--report_to {args.report_to} is not a tracker accelerate knows; pass one of "
                         f"{', '.join(known)}, or all.")
-    if args.report_to != "all" and args.report_to not in installed:
+    if args.report_to not in installed:
         raise UserError(f"--report_to {args.report_to} needs the {args.report_to} package, which is not installed: "
                         f"pip install {args.report_to}, or leave out --with_tracking.")
 

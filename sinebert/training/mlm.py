@@ -75,9 +75,8 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
 class MaskingCollator:
     """Pads blocks and masks them for MLM (Devlin et al., 2019): each non-special token is chosen with probability
     `mlm_probability`, and one at random where that chose none; chosen tokens become [MASK] 80% of the time, a random
-    token 10%, unchanged 10%. With
-    `sample_noise`, each position also gets a uniform number (`sample_noise`, `(batch, seq)`) from which
-    replaced-token detection's generator samples its token there.
+    token 10%, unchanged 10%. With `sample_noise`, each position also gets a uniform number (`sample_noise`,
+    `(batch, seq)`) from which replaced-token detection's generator samples its token there.
 
     Masks are a function of (seed, epoch, example_id): the same example gets the same mask wherever and whenever
     it is drawn (any number of processes, a resumed run), and new masks each epoch. `epoch=None` fixes the masks
