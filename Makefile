@@ -24,7 +24,7 @@ PYTEST := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -n auto --di
 test: $(STAMP)
 	$(PYTEST)
 
-# The unit tests alone (no end-to-end runs of the scripts), for development: 8 minutes on 2 AVX2-only cores.
+# The unit tests alone (no end-to-end runs of the scripts), for development: 5 to 6 minutes on 2 AVX2-only cores.
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
 
