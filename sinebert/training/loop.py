@@ -658,7 +658,7 @@ class Trainer:
 
     def _trace_row(self, epoch: int, batch: dict) -> str:
         fields = self.task.trace(batch) if self.task.trace else {"input_ids": unpadded_ids(batch, batch["input_ids"])}
-        real = not batch.get(REPEATED) and (bool((batch["labels"] != -100).any()) if "labels" in batch else True)
+        real = not batch.get(REPEATED)
         return json.dumps({"step": self.state.step, "epoch": epoch, "real": real, **fields}) + "\n"
 
     def _trace_file(self):

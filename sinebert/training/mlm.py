@@ -182,8 +182,9 @@ def trace_blocks(batch: dict) -> dict[str, list[list[int]]]:
     """What `--trace_data` records of a collated batch: its unmasked, unpadded blocks and each block's masked
     positions."""
     labels = batch["labels"]
-    masked = [torch.nonzero(row != -100).flatten().tolist() for row in labels]
-    return {"input_ids": unpadded_ids(batch, torch.where(labels != -100, labels, batch["input_ids"])), "masked": masked}
+    chosen = labels != -100  # (batch, seq)
+    masked = [torch.nonzero(row).flatten().tolist() for row in chosen]
+    return {"input_ids": unpadded_ids(batch, torch.where(chosen, labels, batch["input_ids"])), "masked": masked}
 
 
 def masked_token_count(batch: dict) -> int:
