@@ -9,15 +9,10 @@ import platform
 import time
 from pathlib import Path
 
-import matplotlib
+from sinebert.training.reporting import plot_curves, pyplot, read_jsonl
 
-matplotlib.use("Agg")  # no display on training machines
-import matplotlib.pyplot as plt  # noqa: E402
-
-from sinebert.training.reporting import plot_curves, read_jsonl  # noqa: E402
-
-from .demo_eval import BAG_OF_WORDS, serve_examples  # noqa: E402
-from .stages import finetune_launch  # noqa: E402
+from .demo_eval import BAG_OF_WORDS, serve_examples
+from .stages import finetune_launch
 
 ATTENTION_TEXT = "The people of the United States expect the Congress to pass the budget this year."
 TASKS = {
@@ -37,6 +32,7 @@ def _json(path: Path) -> dict:
 
 def plot_finetuning(paths, output: Path) -> Path:
     """Training loss and validation metric against steps, pretrained vs scratch, for both tasks (a 2 x 2 grid)."""
+    plt = pyplot()
     figure, axes = plt.subplots(2, 2, figsize=(11, 7))
     for row, (task, (title, metric, label)) in enumerate(TASKS.items()):
         for start, (name, colour) in START_STYLE.items():
@@ -61,6 +57,7 @@ def plot_finetuning(paths, output: Path) -> Path:
 
 def plot_confusion(evaluation: dict, output: Path) -> Path:
     """Test-set confusion matrices of the two classifiers side by side (rows: gold, columns: predicted)."""
+    plt = pyplot()
     figure, axes = plt.subplots(1, 2, figsize=(9, 4))
     for axis, start in zip(axes, START_STYLE):
         result = evaluation[f"classification-{start}"]
