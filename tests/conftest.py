@@ -224,11 +224,14 @@ def classifier_trainer(args, accelerator, model, rows):
 def gradients_at_optimizer_step(trainer, model, batch) -> dict:
     """The gradients one `_optimizer_step` of `trainer` on `batch` hands the optimizer (whose step is replaced)."""
     import time
+    import warnings
 
     seen = {}
     trainer.optimizer.step = lambda: seen.update(
         {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
-    trainer._optimizer_step([batch], time.perf_counter())
+    with warnings.catch_warnings():  # the scheduler cannot tell that the replaced step ran
+        warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`")
+        trainer._optimizer_step([batch], time.perf_counter())
     return seen
 
 

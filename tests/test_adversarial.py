@@ -22,7 +22,6 @@ def _gradients(model, batch) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler\.step\(\)`")  # the optimizer's step is replaced
 @pytest.mark.parametrize("epsilon", [0.0, 0.5])
 def test_a_step_adds_the_gradient_at_the_embeddings_moved_up_their_gradient(tmp_path, epsilon):
     script = load_script("finetune_classification")

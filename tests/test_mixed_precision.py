@@ -17,7 +17,6 @@ def bf16_state():
     AcceleratorState._reset_state()
 
 
-@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler\.step\(\)`")  # the optimizer's step is replaced
 def test_a_bf16_step_runs_under_autocast_and_its_outputs_are_not_copied_to_fp32(tmp_path, bf16_state):
     script = load_script("finetune_classification")
     args = script.parse_args(["--train_file", "unused.tsv", "--output_dir", str(tmp_path), "--max_grad_norm", "0",

@@ -226,7 +226,6 @@ def test_muon_shares_balance_the_orthogonalisation_work():
     assert owners_of(layer, 1) == [0] * 4 and sorted(set(owners_of(layer, 3))) == [0, 1, 2]
 
 
-@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler\.step\(\)`")  # the optimizer's step is replaced
 @pytest.mark.parametrize("max_grad_norm", [0.0, 1e-3, 1e3])
 def test_a_step_scales_the_gradient_down_to_max_grad_norm_and_reports_its_norm_before(tmp_path, max_grad_norm):
     script = load_script("finetune_classification")
