@@ -16,6 +16,7 @@ rows of a batch depend on its values and an exported graph may depend only on it
 
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -436,14 +437,29 @@ class TokenLoss(nn.Module):
     def __init__(self, vocab_size: int):
         super().__init__()
         self.register_buffer("running", torch.full((vocab_size,), math.inf))
+        self.counting = True  # False within `paused`
+
+    @contextmanager
+    def paused(self):
+        """Batches seen within it leave the table as it is: a batch trained again to keep the processes in step
+        (streaming shards that ran out unevenly) must not weigh twice. The update still joins the processes' sum."""
+        self.counting = False
+        try:
+            yield
+        finally:
+            self.counting = True
 
     @torch.no_grad()
     def update(self, ids: torch.Tensor, losses: torch.Tensor):
         """Fold in the losses `(n,)` of the predicted ids `(n,)`: each id's mean over the batch of every process
-        (summed across processes, so that they keep one table), then an exponential average with TOKEN_LOSS_DECAY."""
+        (summed across processes, so that they keep one table), then an exponential average with TOKEN_LOSS_DECAY.
+        Non-finite losses are left out: a step skipped for them (`--nonfinite_loss skip`) must not make the table NaN
+        for good."""
+        losses = losses.detach().float()
+        weights = losses.isfinite().float() * self.counting  # (n,): 0 leaves a loss out, without a read of the device
         totals = torch.zeros(2, self.running.numel(), device=self.running.device)  # (sum, count) per id
-        totals[0].index_add_(0, ids, losses.detach().float())
-        totals[1].index_add_(0, ids, torch.ones_like(losses, dtype=torch.float32))
+        totals[0].index_add_(0, ids, torch.where(weights > 0, losses, 0.0))
+        totals[1].index_add_(0, ids, weights)
         if torch.distributed.is_available() and torch.distributed.is_initialized() \
                 and torch.distributed.get_world_size() > 1:
             torch.distributed.all_reduce(totals)

@@ -1,5 +1,6 @@
 """The model against independent NumPy formulas, and its Hugging Face contract (heads, save/load, options)."""
 
+import datetime
 import math
 
 import numpy as np
@@ -43,7 +44,7 @@ from sinebert.modeling_sinebert import (
     eager_attention_forward,
     sinusoidal_encoding,
 )
-from tests.conftest import auto_heads, tiny_config
+from tests.conftest import auto_heads, gradients_at_optimizer_step, load_script, tiny_config
 
 ALL_HEADS = [
     SineBertModel,
@@ -758,16 +759,22 @@ def test_token_dropping_by_loss_keeps_the_tokens_of_the_highest_running_loss_and
 
 
 def _update_in_process(rank: int, store: str, ids: torch.Tensor, losses: torch.Tensor, out: str):
-    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                                         timeout=datetime.timedelta(seconds=60))  # a missed all-reduce fails, not hangs
     table = TokenLoss(6)
     table.running[2] = 1.0
     half = slice(rank * 3, rank * 3 + 3)  # each process predicted half of the tokens
     table.update(ids[half], losses[half])
+    if rank == 0:  # then id 4's loss is NaN and id 5's is 0; process 1 sees a batch again, which must not count
+        table.update(torch.tensor([4, 5]), torch.tensor([math.nan, 0.0]))
+    else:
+        with table.paused():
+            table.update(torch.tensor([2]), torch.tensor([100.0]))
     save_file({"running": table.running}, f"{out}{rank}")
     torch.distributed.destroy_process_group()
 
 
-def test_running_token_loss_is_one_table_across_processes(tmp_path):
+def test_running_token_loss_is_one_table_across_processes_of_finite_losses_seen_once(tmp_path):
     ids, losses = torch.tensor([2, 4, 2, 2, 4, 5]), torch.tensor([3.0, 1.0, 5.0, 1.0, 2.0, 4.0])
     torch.multiprocessing.spawn(_update_in_process, args=(str(tmp_path / "store"), ids, losses, str(tmp_path / "t")),
                                 nprocs=2)
@@ -776,8 +783,35 @@ def test_running_token_loss_is_one_table_across_processes(tmp_path):
     one.update(ids, losses)  # one process seeing the whole batch
     # id 2: 0.9 * 1 + 0.1 * mean(3, 5, 1); ids 4 and 5 first seen: their mean; ids 0, 1, 3 never predicted.
     assert one.running.tolist() == pytest.approx([math.inf, math.inf, 0.9 + 0.3, math.inf, 1.5, 4.0])
+    one.update(torch.tensor([5]), torch.tensor([0.0]))  # the second round's one finite loss seen for the first time
+    assert one.running.tolist() == pytest.approx([math.inf, math.inf, 1.2, math.inf, 1.5, 3.6])
     for rank in (0, 1):
         assert torch.equal(load_file(tmp_path / f"t{rank}")["running"], one.running)
+
+
+def test_a_training_step_folds_its_batch_into_the_running_loss_once(tmp_path):
+    """The adversarial pass sees the batch a second time, and a streaming process's repeated batch (REPEATED) only
+    keeps the processes in step: neither moves the table."""
+    from sinebert.training.loop import REPEATED, Task, Trainer, _step_seed, setup_accelerator
+    from sinebert.training.mlm import masked_token_count
+
+    args = load_script("pretrain").parse_args(["--train_file", "unused.txt", "--output_dir", str(tmp_path),
+                                               "--adversarial_epsilon", "0.5", "--max_train_steps", "2"])
+    config = tiny_config(num_hidden_layers=4, sparse_prediction=True, token_dropping_layers=[1, 3],
+                         token_dropping_keep=0.4, token_dropping_policy="loss")
+    torch.manual_seed(0)
+    model, reference = SineBertForMaskedLM(config), SineBertForMaskedLM(config)
+    reference.load_state_dict(model.state_dict())
+    batch = _dropping_inputs(padded=True)
+    loader = torch.utils.data.DataLoader([batch], batch_size=None)
+    trainer = Trainer(args, setup_accelerator(args), model, loader, Task(count=masked_token_count))
+    gradients_at_optimizer_step(trainer, model, {**batch, REPEATED: True})
+    assert model.token_loss.running.isinf().all()
+    gradients_at_optimizer_step(trainer, model, dict(batch))
+    torch.manual_seed(_step_seed(args.seed, trainer.state.step, 0, 0))
+    reference.train()(**batch)  # the clean pass alone, with the step's draw of kept tokens
+    assert model.token_loss.running.isfinite().any()
+    assert torch.equal(model.token_loss.running, reference.token_loss.running)
 
 
 def test_kept_tokens_need_the_dropping_layers_and_real_tokens():

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from ..layout_sinebert import TokenLoss
 from .checkpoint import CheckpointManager
 from .errors import SharedUserError, UserError, make_folder, release_on_error, write_failure
 from .hub import check_hub
@@ -540,13 +541,15 @@ class Trainer:
             last = micro == len(micro_batches) - 1
             if self.task.reshape:
                 batch = self.task.reshape(batch, self.state.step)
-            with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast():
+            with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast(), \
+                    self._statistics_paused(again):
                 loss = self._loss(model(**batch), count)
             accelerator.backward(loss * scale)
             if self.args.adversarial_epsilon:
                 # DDP decides at the forward whether a backward all-reduces: on the last micro-batch both do, so the
                 # embeddings move along the processes' mean gradient.
-                with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast():
+                with nullcontext() if last else accelerator.no_sync(model), accelerator.autocast(), \
+                        self._statistics_paused(True):
                     self._adversarial_backward(batch, count, scale)
             loss_sum += loss.detach().float().item()
             if not again:
@@ -588,6 +591,16 @@ class Trainer:
         words.data.add_(gradient * (self.args.adversarial_epsilon / gradient.norm().clamp_min(1e-12)))
         self.accelerator.backward(self._loss(self.model(**batch), count) * scale)
         words.data.copy_(clean)  # exactly the clean weights again (w + d - d need not round back to w)
+
+    def _statistics_paused(self, paused: bool) -> ExitStack:
+        """Pauses the model's running statistics (token dropping's loss table) for a forward that sees data a second
+        time: a repeated batch, or the adversarial pass over a perturbed one."""
+        stack = ExitStack()
+        if paused:
+            for module in self.unwrapped_model().modules():
+                if isinstance(module, TokenLoss):
+                    stack.enter_context(module.paused())
+        return stack
 
     @staticmethod
     def _loss(outputs, count: int) -> torch.Tensor:
