@@ -291,7 +291,7 @@ class QueryRows(NamedTuple):
         counts = read.sum(1)  # (batch,)
         n_read = sum(on_host)
         positions = nonzero(read, n_read)  # (n_read,) in the flattened batch, row-major
-        queries = torch.arange(max(on_host, default=0), device=read.device) < counts[:, None]  # (batch, most)
+        queries = torch.arange(max([0, *on_host]), device=read.device) < counts[:, None]  # (batch, most)
         return cls(positions if tokens is None else tokens.rows_of(positions), PaddedLayout.of(queries, n_read))
 
 
