@@ -135,7 +135,7 @@ def load_blocks(args, accelerator, tokenizer):
         if args.max_train_samples:
             train = train.take(args.max_train_samples)  # blocks, as without --streaming
         return StreamingBlocks(train, accelerator.process_index, accelerator.num_processes), validation
-    splits = hold_out_validation(splits, args.validation_split_percentage, args.seed)
+    splits, _ = hold_out_validation(splits, args.validation_split_percentage, args.seed)
     with accelerator.main_process_first():
         blocks = {
             name: pack_dataset(split, tokenizer, args.max_seq_length, text_column, args.preprocessing_num_workers,

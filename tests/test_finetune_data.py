@@ -3,6 +3,7 @@ windows; and the one-sentence errors for data that cannot be used."""
 
 import argparse
 import json
+import re
 
 import pytest
 import torch
@@ -97,7 +98,29 @@ def test_a_validation_label_unseen_in_training_is_one_clear_error(tmp_path, toke
     valid = write(tmp_path / "valid.csv", "sentence,label\nfine,positive\nmeh,neutral\n")
     with pytest.raises(UserError) as error:
         load_classification_data(namespace(train_file=[train], validation_file=[valid]), tokenizer)
-    assert "'neutral' (row 2)" in one_sentence(error) and "['negative', 'positive']" in str(error.value)
+    assert "Row 2 of the validation data has the label 'neutral', which the training data never has" in \
+        one_sentence(error) and "['negative', 'positive']" in str(error.value)
+
+
+@pytest.mark.parametrize("bad", range(6))
+def test_a_row_of_a_held_out_split_is_named_by_its_row_in_the_training_file(tmp_path, tokenizer, bad):
+    """With no validation file, half of the rows are held out at random; a message about a row gives its row in the
+    file, wherever it went: row `bad` has no label, then row 5-`bad` the only 'neutral'."""
+    cells = [["good", "positive"] if row % 2 else ["bad", "negative"] for row in range(6)]
+    cells[bad][1] = ""
+    train = write(tmp_path / "blank.csv", "sentence,label\n" + "".join(f"{a},{b}\n" for a, b in cells))
+    with pytest.raises(UserError) as error:
+        load_classification_data(namespace(train_file=[train], validation_split_percentage=50.0), tokenizer)
+    assert one_sentence(error) == f"Row {bad + 1} of the training data has no label; fill it in or remove the row."
+    cells[bad][1], cells[5 - bad][1] = ("positive" if bad % 2 else "negative"), "neutral"
+    train = write(tmp_path / "neutral.csv", "sentence,label\n" + "".join(f"{a},{b}\n" for a, b in cells))
+    try:
+        data = load_classification_data(namespace(train_file=[train], validation_split_percentage=50.0), tokenizer)
+        assert "neutral" in data.labels.names  # it went to training
+    except UserError as error:  # or a label went to validation only: the row named has it
+        found = re.match(r"Row (\d) of the training data has the label '(\w+)', which only the rows held out for "
+                         "validation have; the training labels are", str(error))
+        assert found and cells[int(found[1]) - 1][1] == found[2], str(error)
 
 
 def test_columns_that_do_not_match_are_one_clear_error(tmp_path, tokenizer):

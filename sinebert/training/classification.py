@@ -57,6 +57,20 @@ class LabelSpace:
         }
 
 
+@dataclass(frozen=True)
+class Rows:
+    """How messages name the rows of one split: as the user finds them, so a split held out of the training data
+    (--validation_split_percentage) by their rows there."""
+
+    split: str  # "training" or "validation"
+    held_out: list[int] | None = None  # for a split held out of the training data: each row's index there
+
+    def __call__(self, row: int) -> str:
+        if self.held_out is None:
+            return f"Row {row + 1} of the {self.split} data"
+        return f"Row {self.held_out[row] + 1} of the training data"
+
+
 @dataclass
 class ClassificationData:
     columns: Columns
@@ -70,8 +84,9 @@ class ClassificationData:
 # ----- loading -----
 
 
-def load_classification_splits(args) -> DatasetDict:
-    """train and validation splits from --task_name (GLUE), --dataset_name or local files."""
+def load_classification_splits(args) -> tuple[DatasetDict, dict[str, Rows]]:
+    """train and validation splits from --task_name (GLUE), --dataset_name or local files, and how to name their
+    rows."""
     if args.task_name:
         if args.task_name not in GLUE_TASKS:
             raise UserError(f"--task_name {args.task_name!r} is not a GLUE task; choose one of {sorted(GLUE_TASKS)}.")
@@ -84,8 +99,10 @@ def load_classification_splits(args) -> DatasetDict:
             splits["validation"] = splits["validation_matched"]
     else:
         splits = load_splits(args)
-    splits = hold_out_validation(splits, args.validation_split_percentage, args.seed)
-    return DatasetDict(train=splits["train"], validation=splits["validation"])
+    splits, held_out = hold_out_validation(splits, args.validation_split_percentage, args.seed)
+    rows = {"train": Rows("training", held_out.get("train")),
+            "validation": Rows("validation", held_out.get("validation"))}
+    return DatasetDict(train=splits["train"], validation=splits["validation"]), rows
 
 
 def find_columns(splits: DatasetDict, args) -> Columns:
@@ -114,7 +131,8 @@ def find_columns(splits: DatasetDict, args) -> Columns:
     return columns
 
 
-def build_label_space(train, column: str, problem_type: str | None, separator: str, print_fn=print) -> LabelSpace:
+def build_label_space(train, column: str, problem_type: str | None, separator: str, rows: Rows,
+                      print_fn=print) -> LabelSpace:
     """Class names from the training labels (or the hub's ClassLabel names) and the problem type.
 
     Without --problem_type: list-valued labels are multi-label, float-typed labels regression (as Hugging Face's
@@ -134,7 +152,7 @@ def build_label_space(train, column: str, problem_type: str | None, separator: s
     elif isinstance(feature, Sequence) and isinstance(feature.feature, ClassLabel):
         space.names = list(feature.feature.names)
     else:
-        seen = {key for row, value in enumerate(values) for key in _label_keys(value, space, row, "training")}
+        seen = {key for row, value in enumerate(values) for key in _label_keys(value, space, rows(row))}
         space.names = [str(v) for v in sorted(seen, key=lambda v: (isinstance(v, str), v))]
     if problem_type == "single_label_classification" and len(space.names) < 2:
         raise UserError(f"The training data has only the label {space.names} in {column!r}; a classifier needs at "
@@ -150,32 +168,33 @@ def _infer_problem_type(feature, values: list) -> str:
     return "single_label_classification"
 
 
-def _label_keys(value, space: LabelSpace, row: int, split: str) -> list:
-    """The labels of one cell (several for multi-label), as hashable keys."""
+def _label_keys(value, space: LabelSpace, where: str) -> list:
+    """The labels of one cell (several for multi-label), as hashable keys; `where` names its row."""
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise UserError(f"Row {row + 1} of the {split} data has no label; fill it in or remove the row.")
+        raise UserError(f"{where} has no label; fill it in or remove the row.")
     if space.problem_type == "multi_label_classification":
         items = value.split(space.separator) if isinstance(value, str) else value
         return [item.strip() if isinstance(item, str) else item for item in items]
     return [value]
 
 
-def encode_targets(values: list, space: LabelSpace, feature, split: str) -> list:
+def encode_targets(values: list, space: LabelSpace, feature, rows: Rows) -> list:
     """Class ids, multi-hot rows or floats for the model; a label the training data never had is an error."""
     if space.problem_type == "regression":
-        return [_number(value, row, split) for row, value in enumerate(values)]
+        return [_number(value, rows(row)) for row, value in enumerate(values)]
     class_label = feature if isinstance(feature, ClassLabel) else getattr(feature, "feature", None)
     by_name = {name: i for i, name in enumerate(space.names)}
     encoded = []
     for row, value in enumerate(values):
         ids = []
-        for key in _label_keys(value, space, row, split):
+        for key in _label_keys(value, space, rows(row)):
             name = class_label.int2str(key) if isinstance(class_label, ClassLabel) and key != -1 else str(key)
             if name not in by_name:
+                which = "the training data never has" if rows.held_out is None else \
+                    "only the rows held out for validation have"
                 raise UserError(
-                    f"The {split} data has the label {name!r} (row {row + 1}) that the training data never has; the "
-                    f"training labels are {space.names}. Remove those rows or add examples of that label to the "
-                    "training data."
+                    f"{rows(row)} has the label {name!r}, which {which}; the training labels are {space.names}. "
+                    "Remove those rows or add examples of that label to the training data."
                 )
             ids.append(by_name[name])
         if space.problem_type == "multi_label_classification":
@@ -185,28 +204,27 @@ def encode_targets(values: list, space: LabelSpace, feature, split: str) -> list
     return encoded
 
 
-def _number(value, row: int, split: str) -> float:
+def _number(value, where: str) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise UserError(f"Row {row + 1} of the {split} data has no label; fill it in or remove the row.")
+        raise UserError(f"{where} has no label; fill it in or remove the row.")
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise UserError(f"Row {row + 1} of the {split} data has the label {value!r}, which is not a number as "
-                        "regression needs.") from None
+        raise UserError(f"{where} has the label {value!r}, which is not a number as regression needs.") from None
 
 
-def texts_of(split, columns: Columns, name: str) -> list[tuple[str, str | None]]:
+def texts_of(split, columns: Columns, rows: Rows) -> list[tuple[str, str | None]]:
     texts = list(split[columns.text])
     pairs = list(split[columns.pair]) if columns.pair else [None] * len(texts)
     for row, (text, pair) in enumerate(zip(texts, pairs)):
         for column, value in ((columns.text, text), (columns.pair, pair)):
             if column and value is not None and not isinstance(value, str):
                 raise UserError(
-                    f"Row {row + 1} of the {name} data has {value!r} ({type(value).__name__}) in {column!r}, not "
+                    f"{rows(row)} has {value!r} ({type(value).__name__}) in {column!r}, not "
                     "text; give text there, or name the text column with --text_column_name."
                 )
         if not isinstance(text, str) or (columns.pair and not isinstance(pair, str)):
-            raise UserError(f"Row {row + 1} of the {name} data has no text in {columns.text!r}"
+            raise UserError(f"{rows(row)} has no text in {columns.text!r}"
                             f"{f' or {columns.pair!r}' if columns.pair else ''}; fill it in or remove the row.")
     return list(zip(texts, pairs))
 
@@ -221,19 +239,19 @@ def tokenize(tokenizer, texts: list[tuple[str, str | None]], targets: list, max_
 
 
 def load_classification_data(args, tokenizer, print_fn=print) -> ClassificationData:
-    splits = load_classification_splits(args)
+    splits, rows = load_classification_splits(args)
     columns = find_columns(splits, args)
     train = _first(splits["train"], args.max_train_samples)
     validation = _first(splits["validation"], args.max_eval_samples)
-    labels = build_label_space(train, columns.label, args.problem_type, args.label_separator, print_fn)
+    labels = build_label_space(train, columns.label, args.problem_type, args.label_separator, rows["train"], print_fn)
     targets = {
-        name: encode_targets(list(split[columns.label]), labels, split.features[columns.label], name)
-        for name, split in (("training", train), ("validation", validation))
+        name: encode_targets(list(split[columns.label]), labels, split.features[columns.label], rows[name])
+        for name, split in (("train", train), ("validation", validation))
     }
-    train_texts, eval_texts = texts_of(train, columns, "training"), texts_of(validation, columns, "validation")
+    train_texts, eval_texts = texts_of(train, columns, rows["train"]), texts_of(validation, columns, rows["validation"])
     return ClassificationData(
         columns=columns, labels=labels,
-        train_rows=tokenize(tokenizer, train_texts, targets["training"], args.max_length),
+        train_rows=tokenize(tokenizer, train_texts, targets["train"], args.max_length),
         eval_rows=tokenize(tokenizer, eval_texts, targets["validation"], args.max_length),
         eval_texts=eval_texts, eval_targets=targets["validation"],
     )

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
+import numpy as np
 from datasets import DatasetDict, IterableDatasetDict, load_dataset
 from datasets.exceptions import DatasetNotFoundError
 
@@ -165,17 +166,21 @@ def pick_column(column_names: list[str], requested: str | None, preferred: tuple
     raise UserError(f"Found no {role} column among {column_names}; name it with {flag}.")
 
 
-def hold_out_validation(splits: DatasetDict, percentage: float, seed: int) -> DatasetDict:
-    """Split `percentage`% of `train` off as `validation` when the data has no validation split."""
+def hold_out_validation(splits: DatasetDict, percentage: float, seed: int) -> tuple[DatasetDict, dict[str, list[int]]]:
+    """Split `percentage`% of `train` off as `validation` when the data has no validation split, drawn as
+    `Dataset.train_test_split(seed=seed)` draws them. Also returns, for messages that name a row, the row in the
+    training data of each row of a split made so (empty when the data had its validation split)."""
     if "validation" in splits:
-        return splits
+        return splits, {}
     if not 0 < percentage < 100:
         raise UserError(f"--validation_split_percentage must be in (0, 100), got {percentage}.")
     rows = len(splits["train"])
-    if rows < 2 or math.ceil(rows * percentage / 100) >= rows:
+    held = math.ceil(rows * percentage / 100)
+    if rows < 2 or held >= rows:
         raise UserError(
             f"The training data has {rows} row{'s' if rows != 1 else ''}, too few to hold out "
             f"{percentage:g}% for validation; give --validation_file, or more data."
         )
-    held = splits["train"].train_test_split(test_size=percentage / 100, seed=seed, shuffle=True)
-    return DatasetDict(train=held["train"], validation=held["test"])
+    order = np.random.default_rng(seed).permutation(rows)
+    source = {"train": order[held:].tolist(), "validation": order[:held].tolist()}
+    return DatasetDict({name: splits["train"].select(rows) for name, rows in source.items()}), source
