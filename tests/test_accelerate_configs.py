@@ -9,6 +9,7 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils import prepare_multi_gpu_env
 
 import sinebert.modeling_sinebert
+from sinebert.training.loop import cpu_processes_line
 from tests.conftest import ROOT
 
 CONFIGS = ROOT / "configs" / "accelerate"
@@ -42,6 +43,22 @@ def test_each_config_resolves_as_written(name):
         assert hasattr(sinebert.modeling_sinebert, env["FSDP_TRANSFORMER_CLS_TO_WRAP"])
     if args.num_machines > 1:
         assert args.main_process_port and args.main_process_ip and args.rdzv_backend == "static"
+
+
+def test_cpu_processes_get_one_thread_unless_told_and_the_scripts_say_how_to_use_the_idle_cores(monkeypatch):
+    """accelerate starts each process of the 2-process CPU config with OMP_NUM_THREADS=1; on a machine of more cores
+    the scripts' first line names the flag that uses them, whose value reaches the processes."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    two = ["--config_file", str(CONFIGS / "cpu_2proc.yaml")]
+    assert dry_run([*two, "scripts/pretrain.py"])[1]["OMP_NUM_THREADS"] == "1"
+    line = cpu_processes_line(processes=2, sharded=False, local=2, threads=1, cores=16)
+    assert line.endswith("1 thread each. That keeps 2 of this machine's 16 cores busy; to use them all, pass "
+                         "--num_cpu_threads_per_process 8 to accelerate launch (or set OMP_NUM_THREADS).")
+    hint = line.split("pass ")[1].split(" to accelerate")[0].split()
+    assert dry_run([*two, *hint, "scripts/pretrain.py"])[1]["OMP_NUM_THREADS"] == "8"
+    assert cpu_processes_line(2, False, 2, 1, 2) == "No GPU found: running 2 processes on the CPU (gloo), 1 thread each."
+    assert cpu_processes_line(1, False, 1, 2, 2) == "No GPU found: running on the CPU, 2 threads."
+    assert "--num_cpu_threads_per_process 4 " in cpu_processes_line(4, True, 2, 1, 8)  # 2 of 4 on this machine
 
 
 def test_the_readme_multi_gpu_command_resolves_to_every_gpu_of_a_machine():

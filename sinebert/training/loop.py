@@ -137,9 +137,10 @@ def setup_accelerator(args) -> Accelerator:
     )
     if cpu and fsdp_requested():
         shard_on_cpu(accelerator)
-    if cpu and accelerator.num_processes > 1:
-        sharded = ", fully sharded (FSDP 2)" if is_sharded(accelerator) else ""
-        accelerator.print(f"No GPU found: running {accelerator.num_processes} processes on the CPU (gloo){sharded}.")
+    if cpu:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        accelerator.print(cpu_processes_line(accelerator.num_processes, is_sharded(accelerator), local,
+                                             torch.get_num_threads(), usable_cores()))
     if cpu and accelerator.mixed_precision == "bf16" and not cpu_has_native_bf16():
         accelerator.print("Note: this CPU has no bf16 matrix instructions (AVX512-BF16 or AMX), so bf16 runs in "
                           "software, about 30x slower than fp32 on the machine where this was measured; "
@@ -147,6 +148,29 @@ def setup_accelerator(args) -> Accelerator:
     set_seed(args.seed)
     claim_output_dir(args, accelerator)
     return accelerator
+
+
+def usable_cores() -> int:
+    """The physical cores this process may run on: hyper-threads add no matrix throughput (as accelerate counts)."""
+    import psutil
+
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(allowed, psutil.cpu_count(logical=False) or allowed)
+
+
+def cpu_processes_line(processes: int, sharded: bool, local: int, threads: int, cores: int) -> str:
+    """What runs on the CPU, and how to use the cores it leaves idle: accelerate gives each process one thread unless
+    told otherwise, except for a single `--cpu` process (configs/accelerate/cpu.yaml)."""
+    each = f"{threads} thread{'s' if threads > 1 else ''}" + (" each" if processes > 1 else "")
+    if processes > 1:
+        line = f"No GPU found: running {processes} processes on the CPU (gloo)"
+        line += f"{', fully sharded (FSDP 2)' if sharded else ''}, {each}."
+    else:
+        line = f"No GPU found: running on the CPU, {each}."
+    if cores // local > threads:
+        line += (f" That keeps {local * threads} of this machine's {cores} cores busy; to use them all, pass "
+                 f"--num_cpu_threads_per_process {cores // local} to accelerate launch (or set OMP_NUM_THREADS).")
+    return line
 
 
 def die_with_launcher():
