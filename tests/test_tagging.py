@@ -4,10 +4,12 @@ import itertools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from transformers.pipelines.token_classification import AggregationStrategy
 
-from sinebert.tagging import best_tag_path, iob2_transitions
+from sinebert.tagging import IOB2TaggingPipeline, best_tag_path, iob2_transitions
 from sinebert.training.ner import word_tags
 
 LABELS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
@@ -38,6 +40,16 @@ def test_an_i_tag_that_continues_nothing_becomes_part_of_a_well_formed_span():
     assert [LABELS[i] for i in probs.argmax(-1)] == ["O", "I-PER", "I-LOC"]
     tags = [LABELS[i] for i in best_tag_path(probs.log(), *iob2_transitions(LABELS))]
     assert tags == ["O", "B-PER", "I-PER"] and well_formed(tags)
+
+
+@pytest.mark.parametrize(("strategy", "expected"), [
+    ("first", [0.5, 0.4, 0.1]), ("max", [0.1, 0.2, 0.7]), ("average", [0.3, 0.35, 0.35])])
+def test_a_word_of_sub_tokens_is_scored_as_the_aggregation_strategy_says(strategy, expected):
+    """As transformers' pipeline reads the strategies: the first sub-token's probabilities, those of the sub-token
+    with the highest one, or their mean."""
+    word = [{"scores": np.array(p)} for p in ([0.5, 0.4, 0.1], [0.1, 0.2, 0.7], [0.3, 0.45, 0.25])]
+    scores = IOB2TaggingPipeline._word_scores(word, AggregationStrategy(strategy))
+    assert scores.tolist() == pytest.approx(expected)
 
 
 def test_word_tags_read_first_sub_tokens_and_tag_cut_off_words_o():
