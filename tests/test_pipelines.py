@@ -19,6 +19,7 @@ from sinebert import (
     SineBertForTokenClassification,
     SineBertModel,
 )
+from sinebert.pipeline_sinebert import encode_windows, extract_answers, top_spans
 from sinebert.tagging import IOB2TaggingPipeline
 from sinebert.tokenization_sinebert import with_case_ids
 from sinebert.training.ner import word_tags
@@ -150,6 +151,65 @@ def test_extractive_question_answering_passes_letter_case_to_every_window(tokeni
         question="Who wrote the film ?", context=context, doc_stride=8, max_answer_len=5, max_seq_len=32
     )
     assert again["score"] != pytest.approx(answer["score"], rel=1e-6)
+
+
+@pytest.mark.parametrize("allow_null", [False, True])
+@pytest.mark.parametrize("max_answer_len", [1, 3])
+def test_top_spans_are_the_most_probable_spans_of_every_one_there_is(max_answer_len, allow_null):
+    generator = torch.Generator().manual_seed(max_answer_len)
+    for _ in range(10):
+        start, end = torch.randn(2, 9, generator=generator)
+        context = torch.tensor([False, False, True, True, True, False, True, True, False])  # [CLS] q [SEP] ... [SEP]
+        allowed = context.clone()
+        allowed[0] = allow_null
+        p_start, p_end = (logits.masked_fill(~allowed, -torch.inf).softmax(-1) for logits in (start, end))
+        every = sorted(((float(p_start[a] * p_end[b]), a, b) for a in range(9) for b in range(9)
+                        if context[a] and context[b] and a <= b < a + max_answer_len), reverse=True)
+        spans, null = top_spans(start, end, context, max_answer_len, top_k=4, allow_null=allow_null)
+        assert [(a, b) for _, a, b in spans] == [(a, b) for _, a, b in every[:4]]
+        assert [score for score, _, _ in spans] == pytest.approx([score for score, _, _ in every[:4]], rel=1e-5)
+        assert null == (pytest.approx(float(p_start[0] * p_end[0]), rel=1e-5) if allow_null else None)
+
+
+def test_answers_over_windows_keep_each_span_once_at_its_best_and_no_answer_at_its_least_confident():
+    """Two windows of one context that overlap on 'maria' (characters 24-29); the second is surer of it, and less
+    sure that there is no answer."""
+    context = "the film was written by maria ."
+    offsets = [(0, 0), (0, 3), (4, 8), (9, 12), (13, 20), (21, 23), (24, 29), (30, 31)]
+
+    def window(tokens: list[int], start: list[float], end: list[float]) -> dict:
+        mask = torch.tensor([False] + [True] * (len(tokens) - 1))  # [CLS], then context tokens
+        return {"start_logits": torch.tensor(start), "end_logits": torch.tensor(end), "context_mask": mask,
+                "offsets": torch.tensor([offsets[0]] + [offsets[t] for t in tokens[1:]])}
+
+    first = window([0, 4, 5, 6], [1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 1.0])
+    second = window([0, 6, 7], [0.0, 3.0, 0.0], [0.0, 3.0, 0.0])
+    spans = {}
+    for one in (first, second):
+        found, one["null"] = top_spans(one["start_logits"], one["end_logits"], one["context_mask"], 30, 10, True)
+        for score, a, b in found:
+            where = (int(one["offsets"][a][0]), int(one["offsets"][b][1]))
+            spans[where] = max(spans.get(where, 0.0), score)
+    answers = extract_answers([first, second], context, top_k=20, handle_impossible_answer=True)
+    assert {(a["start"], a["end"]): a["score"] for a in answers if a["answer"]} == pytest.approx(spans)
+    swapped = extract_answers([second, first], context, top_k=20, handle_impossible_answer=True)
+    by_span = lambda answer: (answer["start"], answer["end"])  # noqa: E731
+    assert sorted(swapped, key=by_span) == sorted(answers, key=by_span)  # (ties may come in another order)
+    (empty,) = [a for a in answers if not a["answer"]]
+    assert second["null"] < first["null"] and empty["score"] == pytest.approx(second["null"])
+    assert [a["score"] for a in answers] == sorted((a["score"] for a in answers), reverse=True)
+    assert all(context[a["start"]:a["end"]] == a["answer"] for a in answers)
+    assert extract_answers([first, second], context, top_k=1)[0]["answer"] == "maria"
+
+
+def test_the_context_is_found_on_either_side_of_the_question(tokenizer_dir):
+    """A tokenizer that pads on the left puts the context first (as transformers' pipeline did): the mask follows."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    for side in ("right", "left"):
+        tokenizer.padding_side = side
+        encoding, mask = encode_windows(tokenizer, "who wrote it ?", CONTEXT, max_seq_len=64, doc_stride=16)
+        ids = encoding["input_ids"][0][mask[0]].tolist()
+        assert tokenizer.decode(ids) == CONTEXT.replace(" .", ".")  # the whole context, and nothing else
 
 
 def test_feature_extraction(saved_heads):
