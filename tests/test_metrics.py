@@ -29,6 +29,7 @@ def test_squad_scores_by_hand():
     # pred tokens [in, year, 1990], gold [1990, year]: 2 shared, P = 2/3, R = 1, F1 = 2PR/(P+R) = 0.8
     assert f1("in the year 1990", "1990 year") == pytest.approx(0.8)
     assert f1("paris", "london") == 0.0
+    assert f1("cat cat", "cat dog cat") == pytest.approx(0.8)  # tokens shared with their counts: 2; P = 1, R = 2/3
     assert f1("", "") == 1.0 and f1("x", "") == 0.0  # SQuAD v2: no answer scores only the empty prediction
     predictions = {"q1": "The Eiffel Tower", "q2": "in the year 1990", "q3": "nothing"}
     references = {"q1": ["Eiffel Tower", "tower"], "q2": ["1990 year", "1990"], "q3": ["something else"]}
