@@ -5,10 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from sinebert.training.embeddings import FILE_NAME, context_windows, load_word_embeddings, train_cbow
+from sinebert.training.embeddings import CBOW, FILE_NAME, context_windows, load_word_embeddings, train_cbow
 from tests.conftest import load_script, run_here, user_error
 
 TINY = ["--hidden_size", "64", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--intermediate_size", "128",
@@ -27,6 +28,18 @@ def test_context_windows_stop_at_line_ends():
     assert windows.tolist() == [[99, 5, 7, 99],   # 6: its line is 5 6 7
                                 [99, 99, 9, 99],  # 8: its line is 8 9
                                 [99, 99, 6, 7]]   # 5: the stream's start is a line start
+
+
+def test_cbow_loss_reads_the_mean_of_the_context_inside_the_line_against_shared_noise():
+    torch.manual_seed(0)
+    model = CBOW(vocab_size=6, size=4, negatives=3)
+    with torch.no_grad():
+        model.outputs.normal_()
+    contexts, targets, noise = torch.tensor([[1, 6, 6, 2], [6, 3, 4, 5]]), torch.tensor([0, 2]), torch.tensor([4, 1])
+    hidden = torch.stack([model.inputs[[1, 2]].mean(0), model.inputs[[3, 4, 5]].mean(0)])  # id 6: past the line
+    positive = F.logsigmoid((hidden * model.outputs[targets]).sum(-1))
+    negative = F.logsigmoid(-hidden @ model.outputs[noise].T).sum(-1) * 3 / 2  # each of 2 samples counts 3/2
+    torch.testing.assert_close(model(contexts, targets, noise), -(positive.mean() + negative.mean()))
 
 
 def test_cbow_learns_which_tokens_share_contexts():
@@ -79,7 +92,7 @@ def test_pretraining_starts_from_the_embeddings(embeddings, text_corpus, tokeniz
     trained = load_file(str(out / "model.safetensors"))["sinebert.embeddings.word_embeddings.weight"]
     # Two Adam steps of at most 1e-3 each away from the CBOW vectors; a random start differs by ~0.03 per entry.
     assert (trained[:600] - expected).abs().max() < 3e-3
-    assert abs(expected.std().item() - 0.02) < 1e-4
+    assert abs(expected.std().item() - 0.02) < 1e-4 and expected.mean(0).abs().max() < 1e-6  # the common part gone
     assert "word embeddings" in (out / "README.md").read_text()
     error = user_error(capsys, load_script("pretrain"), pretrain_args(
         text_corpus, tokenizer_dir, tmp_path / "again", "--max_train_steps", 1, "--model_name_or_path", out,
