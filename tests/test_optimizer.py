@@ -44,6 +44,7 @@ def test_word_embeddings_take_their_own_learning_rate_and_every_parameter_is_ste
     if embedding_learning_rate is not None:
         (group,) = [g for g in optimizer.param_groups if any(p is words for p in g["params"])]
         assert group["lr"] == embedding_learning_rate and group["params"] == [words]
+        assert group["weight_decay"] == 0.01  # decayed as every embedding is
 
 
 def test_layerwise_decay_gives_each_layer_its_share_of_the_learning_rate():
