@@ -15,7 +15,9 @@ from sinebert.training.finetune import LengthGroupedSampler
 from sinebert.training.ner import Sentence, context_groups, encode_sentences, load_ner_data, read_conll, to_iob2
 from sinebert.training.qa import (
     QAEvaluation,
+    QAExample,
     answer_token_span,
+    check_window_room,
     encode_examples,
     load_qa_data,
     read_squad_json,
@@ -308,6 +310,19 @@ def test_windows_put_the_answer_where_the_offsets_say(tokenizer):
         assert CONTEXT[window.offsets[start][0] : window.offsets[end][1]] == "the old harbour"
     assert found >= 1
     assert answer_token_span([(0, 0), (0, 3), (4, 8)], [False, True, True], 5, 12) == (0, 0)  # runs past the end
+
+
+def test_a_stride_that_leaves_a_window_no_new_context_is_one_sentence(tokenizer):
+    """Windows of 32 tokens hold [CLS] question [SEP] context [SEP]: a stride of the whole context room would make
+    the tokenizer panic; one token less is the largest that works."""
+    example = QAExample("q1", "who wrote the film ?", " ".join(["the film was written by maria ."] * 12), [], [])
+    room = 32 - len(tokenizer(example.question, add_special_tokens=False)["input_ids"]) - 3
+    check_window_room([example], tokenizer, 32, room - 1)
+    rows, _ = encode_examples([example], tokenizer, 32, room - 1)
+    assert len(rows) > 2
+    with pytest.raises(UserError, match=f"Question 'q1' has {32 - 3 - room} tokens, which with --doc_stride {room} "
+                                        "leaves no room for new context in windows of --max_seq_length 32"):
+        check_window_room([example], tokenizer, 32, room)
 
 
 def test_answer_windows_only_drops_the_windows_an_answered_question_labels_cls(tmp_path, tokenizer):
