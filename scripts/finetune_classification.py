@@ -1,4 +1,4 @@
-"""Fine-tune sinebert for sequence classification: single texts or text pairs; single-label, multi-label or
+r"""Fine-tune sinebert for sequence classification: single texts or text pairs; single-label, multi-label or
 regression targets.
 
     accelerate launch scripts/finetune_classification.py --model_name_or_path runs/pretrain \

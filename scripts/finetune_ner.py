@@ -1,4 +1,4 @@
-"""Fine-tune sinebert for named-entity recognition (token classification) on CoNLL-style, json / jsonl or hub data.
+r"""Fine-tune sinebert for named-entity recognition (token classification) on CoNLL-style, json / jsonl or hub data.
 
     accelerate launch scripts/finetune_ner.py --model_name_or_path runs/pretrain \
         --train_file conll2003/train.txt --validation_file conll2003/valid.txt --output_dir runs/ner

@@ -1,4 +1,4 @@
-"""Fine-tune sinebert for extractive question answering on SQuAD-format JSON, its flattened json / jsonl form or a
+r"""Fine-tune sinebert for extractive question answering on SQuAD-format JSON, its flattened json / jsonl form or a
 hub dataset.
 
     accelerate launch scripts/finetune_qa.py --model_name_or_path runs/pretrain \

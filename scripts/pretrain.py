@@ -1,4 +1,4 @@
-"""Pretrain sinebert with masked language modelling, or with replaced-token detection (`--objective rtd`, ELECTRA).
+r"""Pretrain sinebert with masked language modelling, or with replaced-token detection (`--objective rtd`, ELECTRA).
 
     accelerate launch scripts/pretrain.py --train_file corpus/*.txt --tokenizer_name runs/tokenizer \
         --output_dir runs/pretrain --max_seq_length 128 --per_device_train_batch_size 32 --max_train_steps 2000

@@ -1,4 +1,4 @@
-"""Train word embeddings (CBOW with negative sampling) for the tokenizer's vocabulary, to start pretraining from.
+r"""Train word embeddings (CBOW with negative sampling) for the tokenizer's vocabulary, to start pretraining from.
 
     python scripts/train_word_embeddings.py --train_file corpus/*.txt --tokenizer_name runs/tokenizer \
         --embedding_size 256 --max_train_minutes 5 --output_dir runs/embeddings

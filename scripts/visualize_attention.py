@@ -1,4 +1,4 @@
-"""Save the attention heatmaps of a saved checkpoint for one text: one PNG, a heatmap per layer and head.
+r"""Save the attention heatmaps of a saved checkpoint for one text: one PNG, a heatmap per layer and head.
 
     python scripts/visualize_attention.py --model_name_or_path runs/demo/pretrain \
         --text "the president spoke to the congress ." --output_file attention.png

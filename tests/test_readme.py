@@ -1,6 +1,7 @@
 """The README's usage section runs as written, and every command in the README and in docs/ names a make target, a
 script or module that exists, with flags that its parser accepts."""
 
+import ast
 import io
 import re
 import runpy
@@ -16,6 +17,7 @@ import pytest
 from tests.conftest import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
 
 
 def test_readme_usage_runs(tmp_path, monkeypatch, capsys):
@@ -33,7 +35,8 @@ def test_readme_usage_runs(tmp_path, monkeypatch, capsys):
 
 
 def commands() -> list[tuple[str, str]]:
-    """(page, command) for every command line of the pages' bash blocks, continuation lines joined."""
+    """(page, command) for every command line of the pages' bash blocks, continuation lines joined, and of the
+    example commands that open each script's docstring (its --help)."""
     found = []
     for page in PAGES:
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
@@ -41,7 +44,19 @@ def commands() -> list[tuple[str, str]]:
                 line = line.split("  #")[0].strip()
                 if line and not line.startswith("#"):
                     found.append((page.name, line))
+    for script in SCRIPTS:
+        doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8")))
+        found += [(script.name, line.strip()) for line in doc.replace("\\\n", " ").splitlines()
+                  if line.strip().startswith(("python ", "accelerate launch "))]
     return found
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
+def test_a_script_help_shows_its_docstring_as_written(script):
+    """--help prints the docstring: a backslash that continues an example command must stay in it (a raw string)
+    for the command to copy as shown, not as one line with a gap."""
+    source = script.read_text(encoding="utf-8")
+    assert ast.get_docstring(ast.parse(source), clean=False) == source.split('"""', 2)[1]
 
 
 @cache
