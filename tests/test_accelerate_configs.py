@@ -56,7 +56,8 @@ def test_cpu_processes_get_one_thread_unless_told_and_the_scripts_say_how_to_use
                          "--num_cpu_threads_per_process 8 to accelerate launch (or set OMP_NUM_THREADS).")
     hint = line.split("pass ")[1].split(" to accelerate")[0].split()
     assert dry_run([*two, *hint, "scripts/pretrain.py"])[1]["OMP_NUM_THREADS"] == "8"
-    assert cpu_processes_line(2, False, 2, 1, 2) == "No GPU found: running 2 processes on the CPU (gloo), 1 thread each."
+    assert cpu_processes_line(2, False, 2, 1, 2) == ("No GPU found: running 2 processes on the CPU (gloo), 1 thread "
+                                                     "each.")
     assert cpu_processes_line(1, False, 1, 2, 2) == "No GPU found: running on the CPU, 2 threads."
     assert "--num_cpu_threads_per_process 4 " in cpu_processes_line(4, True, 2, 1, 8)  # 2 of 4 on this machine
 

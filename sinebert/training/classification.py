@@ -59,8 +59,8 @@ class LabelSpace:
 
 @dataclass(frozen=True)
 class Rows:
-    """How messages name the rows of one split: as the user finds them, so a split held out of the training data
-    (--validation_split_percentage) by their rows there."""
+    """How error messages name a row of one split: by its place in the data the user gave, which for a split held out
+    of the training data (--validation_split_percentage) is its row there."""
 
     split: str  # "training" or "validation"
     held_out: list[int] | None = None  # for a split held out of the training data: each row's index there

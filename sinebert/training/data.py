@@ -183,4 +183,4 @@ def hold_out_validation(splits: DatasetDict, percentage: float, seed: int) -> tu
         )
     order = np.random.default_rng(seed).permutation(rows)
     source = {"train": order[held:].tolist(), "validation": order[:held].tolist()}
-    return DatasetDict({name: splits["train"].select(rows) for name, rows in source.items()}), source
+    return DatasetDict({name: splits["train"].select(indices) for name, indices in source.items()}), source
