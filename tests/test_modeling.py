@@ -783,7 +783,7 @@ def test_running_token_loss_is_one_table_across_processes_of_finite_losses_seen_
     one.update(ids, losses)  # one process seeing the whole batch
     # id 2: 0.9 * 1 + 0.1 * mean(3, 5, 1); ids 4 and 5 first seen: their mean; ids 0, 1, 3 never predicted.
     assert one.running.tolist() == pytest.approx([math.inf, math.inf, 0.9 + 0.3, math.inf, 1.5, 4.0])
-    one.update(torch.tensor([5]), torch.tensor([0.0]))  # the second round's one finite loss seen for the first time
+    one.update(torch.tensor([5]), torch.tensor([0.0]))  # the second round's only counted loss: 0.9 * 4 + 0.1 * 0
     assert one.running.tolist() == pytest.approx([math.inf, math.inf, 1.2, math.inf, 1.5, 3.6])
     for rank in (0, 1):
         assert torch.equal(load_file(tmp_path / f"t{rank}")["running"], one.running)
