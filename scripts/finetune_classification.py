@@ -21,6 +21,7 @@ from sinebert.training.classification import (
     example_count,
     load_classification_data,
     model_card,
+    to_standard_units,
 )
 from sinebert.training.errors import run_cli
 from sinebert.training.finetune import (
@@ -49,7 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Default: multi-label for list-valued labels, regression for float labels, else single-label.",
     )
     group.add_argument(
-        "--label_separator", default=",", help="Splits a multi-label text cell into its labels (default ',').",
+        "--label_separator",
+        help="Splits a text label cell into its labels, and makes text labels multi-label without --problem_type "
+             "(default: ',' for multi-label).",
     )
     group.add_argument(
         "--classifier_pooling", choices=("cls", "mean"),
@@ -66,6 +69,7 @@ def main(argv=None):
     data = load_classification_data(args, tokenizer, print_fn=accelerator.print)
     pooling = {"classifier_pooling": args.classifier_pooling} if args.classifier_pooling else {}
     model = load_model(AutoModelForSequenceClassification, args, tokenizer, **data.labels.config_values(), **pooling)
+    to_standard_units(model, data.labels, args)  # regression trains on standardised targets (saved in y's units)
     fit_schedule(args, accelerator, len(data.train_rows))
     train_dataloader, eval_dataloader = make_dataloaders(
         args, accelerator, model.config, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)

@@ -7,9 +7,16 @@ import re
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from sinebert.training.classification import ClassificationEvaluation, example_count, load_classification_data
+from sinebert import SineBertForSequenceClassification
+from sinebert.training.classification import (
+    ClassificationEvaluation,
+    example_count,
+    load_classification_data,
+    to_standard_units,
+    to_target_units,
+)
 from sinebert.training.errors import UserError
 from sinebert.training.finetune import LengthGroupedSampler
 from sinebert.training.ner import Sentence, context_groups, encode_sentences, load_ner_data, read_conll, to_iob2
@@ -23,6 +30,7 @@ from sinebert.training.qa import (
     read_squad_json,
     to_examples,
 )
+from tests.conftest import tiny_config
 
 
 def namespace(**values) -> argparse.Namespace:
@@ -31,7 +39,7 @@ def namespace(**values) -> argparse.Namespace:
         dataset_name=None, dataset_config_name=None, train_file=None, validation_file=None, encoding="utf-8",
         validation_split_percentage=10.0, seed=0, max_train_samples=None, max_eval_samples=None, max_length=64,
         trust_remote_code=False, task_name=None, text_column_name=None, text_pair_column_name=None,
-        label_column_name=None, problem_type=None, label_separator=",", conll_token_column=0, conll_tag_column=-1,
+        label_column_name=None, problem_type=None, label_separator=None, conll_token_column=0, conll_tag_column=-1,
         label_scheme="IOB2", label_all_tokens=False, document_context=False, question_column_name=None,
         context_column_name=None,
         answer_column_name=None, version_2_with_negative=False, doc_stride=16, train_answer_windows_only=False,
@@ -93,6 +101,25 @@ def test_multi_label_lists_and_regression_floats(tmp_path, tokenizer):
     data = load_classification_data(namespace(train_file=[train], validation_file=[valid]), tokenizer)
     assert data.labels.config_values() == {"num_labels": 1, "problem_type": "regression"}
     assert data.eval_targets == [1.5]
+
+
+def test_text_labels_split_by_a_given_separator_are_multi_label_and_otherwise_one_class_each(tmp_path, tokenizer):
+    train = write(tmp_path / "train.csv", "sentence,labels\na,acting|plot\nb,plot\nc,acting\n")
+    said = []
+    data = load_classification_data(namespace(train_file=[train], validation_file=[train], label_separator="|"),
+                                    tokenizer, print_fn=said.append)
+    assert (data.labels.problem_type, data.labels.names) == ("multi_label_classification", ["acting", "plot"])
+    assert [row["labels"] for row in data.train_rows] == [[1.0, 1.0], [0.0, 1.0], [1.0, 0.0]]
+    assert said == ["Labels in 'labels': training a multi label classification model (--label_separator '|' splits "
+                    "its text; set --problem_type to choose otherwise)."]
+    data = load_classification_data(namespace(train_file=[train], validation_file=[train]), tokenizer)
+    assert (data.labels.problem_type, data.labels.names) == ("single_label_classification", ["acting", "acting|plot",
+                                                                                             "plot"])
+    comma = write(tmp_path / "comma.jsonl", "\n".join(json.dumps({"text": t, "label": label})
+                                                       for t, label in (("a", "x, y"), ("b", "y"))))
+    data = load_classification_data(namespace(train_file=[comma], validation_file=[comma],
+                                              problem_type="multi_label_classification"), tokenizer)
+    assert data.labels.names == ["x", "y"]  # ',' splits a multi-label cell unless told otherwise
 
 
 def test_a_validation_label_unseen_in_training_is_one_clear_error(tmp_path, tokenizer):
@@ -392,10 +419,31 @@ def test_multi_label_and_regression_predictions(tmp_path, tokenizer):
     expected = torch.nn.functional.binary_cross_entropy_with_logits(torch.stack(logits), targets)
     assert metrics["loss"] == pytest.approx(float(expected))
     data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": 1.0}, {"text": "b", "label": 3.0}])
+    # The model learns the standardised targets (mean 2, standard deviation 1); predictions are in the targets' units.
+    assert (data.labels.shift, data.labels.scale) == (2.0, 1.0) and [r["labels"] for r in data.train_rows] == [-1, 1]
     predictions, metrics = ClassificationEvaluation(None, None, data).score([{"logits": torch.tensor([v])}
-                                                                            for v in (2.0, 3.0)])
+                                                                            for v in (0.0, 1.0)])
     assert [p["prediction"] for p in predictions] == [2.0, 3.0]
     assert metrics["mse"] == pytest.approx(0.5) and metrics["loss"] == pytest.approx(0.5)
+
+
+def test_a_regression_head_is_saved_in_the_targets_units_and_trained_further_in_standard_ones(tmp_path, tokenizer):
+    data = classification_data(tmp_path, tokenizer, [{"text": t, "label": v} for t, v in (("a", 100.0), ("b", 500.0))])
+    space = data.labels
+    assert (space.shift, space.scale) == (300.0, 200.0)
+    torch.manual_seed(0)
+    model = SineBertForSequenceClassification(tiny_config(vocab_size=len(tokenizer), num_labels=1,
+                                                          problem_type="regression")).eval()
+    inputs = tokenizer(["a good film", "a dull one"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        standard = model(**inputs).logits  # (2, 1)
+        to_target_units(model, space)
+        torch.testing.assert_close(model(**inputs).logits, standard * 200 + 300)
+    model.save_pretrained(tmp_path / "regression")
+    again = AutoModelForSequenceClassification.from_pretrained(tmp_path / "regression").eval()
+    to_standard_units(again, space, namespace(model_name_or_path=str(tmp_path / "regression")))
+    with torch.no_grad():
+        torch.testing.assert_close(again(**inputs).logits, standard)
 
 
 def test_evaluations_give_the_loop_their_main_metric_patience_and_best_model_choice(tmp_path, tokenizer):

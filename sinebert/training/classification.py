@@ -12,6 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from datasets import ClassLabel, DatasetDict, Sequence, Value
+from torch import nn
+from transformers import AutoConfig
 
 from .data import hold_out_validation, load_splits, pick_column
 from .errors import UserError
@@ -31,6 +33,7 @@ PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("questio
                 ("question", "sentence"), ("text", "text_pair"))
 TEXT_COLUMNS = ("sentence", "text", "content", "review", "document")
 LABEL_COLUMNS = ("label", "labels", "score")
+DEFAULT_LABEL_SEPARATOR = ","  # splits a multi-label text cell when --label_separator is not given
 
 
 @dataclass
@@ -47,6 +50,10 @@ class LabelSpace:
     problem_type: str
     names: list[str]
     separator: str | None = None  # splits a multi-label string cell into labels
+    # Regression: the training targets' mean and standard deviation. The model trains on (y - shift) / scale, so that
+    # the head starts at the right scale whatever the targets' units, and is saved mapping to y (`to_target_units`).
+    shift: float = 0.0
+    scale: float = 1.0
 
     def config_values(self) -> dict:
         if self.problem_type == "regression":
@@ -131,20 +138,24 @@ def find_columns(splits: DatasetDict, args) -> Columns:
     return columns
 
 
-def build_label_space(train, column: str, problem_type: str | None, separator: str, rows: Rows,
+def build_label_space(train, column: str, problem_type: str | None, separator: str | None, rows: Rows,
                       print_fn=print) -> LabelSpace:
     """Class names from the training labels (or the hub's ClassLabel names) and the problem type.
 
-    Without --problem_type: list-valued labels are multi-label, float-typed labels regression (as Hugging Face's
-    run_glue decides), anything else single-label; the choice is printed.
+    Without --problem_type: list-valued labels are multi-label, and so are text labels when --label_separator is
+    given to split them; float-typed labels are regression (as Hugging Face's run_glue decides), anything else
+    single-label; the choice is printed.
     """
     feature = train.features[column]
     values = list(train[column])
     if problem_type is None:
-        problem_type = _infer_problem_type(feature, values)
-        print_fn(f"Labels in {column!r}: training a {problem_type.replace('_', ' ')} model (set --problem_type to "
-                 "choose otherwise).")
-    space = LabelSpace(problem_type, [], separator if problem_type == "multi_label_classification" else None)
+        problem_type = _infer_problem_type(feature, values, separator)
+        why = f"--label_separator {separator!r} splits its text; " if separator is not None and \
+            problem_type == "multi_label_classification" and _is_text(feature) else ""
+        print_fn(f"Labels in {column!r}: training a {problem_type.replace('_', ' ')} model ({why}set --problem_type "
+                 "to choose otherwise).")
+    multi = problem_type == "multi_label_classification"
+    space = LabelSpace(problem_type, [], (separator or DEFAULT_LABEL_SEPARATOR) if multi else None)
     if problem_type == "regression":
         return space
     if isinstance(feature, ClassLabel):
@@ -160,12 +171,18 @@ def build_label_space(train, column: str, problem_type: str | None, separator: s
     return space
 
 
-def _infer_problem_type(feature, values: list) -> str:
+def _infer_problem_type(feature, values: list, separator: str | None) -> str:
     if isinstance(feature, (Sequence, list)) or (values and isinstance(values[0], list)):
+        return "multi_label_classification"
+    if separator is not None and _is_text(feature):
         return "multi_label_classification"
     if isinstance(feature, Value) and feature.dtype.startswith("float"):
         return "regression"
     return "single_label_classification"
+
+
+def _is_text(feature) -> bool:
+    return isinstance(feature, Value) and feature.dtype in ("string", "large_string")
 
 
 def _label_keys(value, space: LabelSpace, where: str) -> list:
@@ -249,12 +266,38 @@ def load_classification_data(args, tokenizer, print_fn=print) -> ClassificationD
         for name, split in (("train", train), ("validation", validation))
     }
     train_texts, eval_texts = texts_of(train, columns, rows["train"]), texts_of(validation, columns, rows["validation"])
+    trained = targets
+    if labels.problem_type == "regression":
+        values = np.asarray(targets["train"], dtype=np.float64)
+        labels.shift, labels.scale = float(values.mean()), float(values.std()) or 1.0
+        trained = {name: [(y - labels.shift) / labels.scale for y in ys] for name, ys in targets.items()}
     return ClassificationData(
         columns=columns, labels=labels,
-        train_rows=tokenize(tokenizer, train_texts, targets["train"], args.max_length),
-        eval_rows=tokenize(tokenizer, eval_texts, targets["validation"], args.max_length),
+        train_rows=tokenize(tokenizer, train_texts, trained["train"], args.max_length),
+        eval_rows=tokenize(tokenizer, eval_texts, trained["validation"], args.max_length),
         eval_texts=eval_texts, eval_targets=targets["validation"],
     )
+
+
+def to_target_units(model: nn.Module, space: LabelSpace):
+    """Fold the regression targets' standardisation into the head's last layer, so that it outputs y itself:
+    w' = scale * w, b' = scale * b + shift."""
+    if space.problem_type == "regression":
+        with torch.no_grad():
+            model.classifier.weight.mul_(space.scale)
+            model.classifier.bias.mul_(space.scale).add_(space.shift)
+
+
+def to_standard_units(model: nn.Module, space: LabelSpace, args):
+    """The inverse of `to_target_units` for a head loaded from a regression checkpoint (which outputs y), so that it
+    outputs (y - shift) / scale as training expects; any other head is left as it starts."""
+    if space.problem_type != "regression" or not args.model_name_or_path:
+        return
+    if AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code).problem_type \
+            == "regression":
+        with torch.no_grad():
+            model.classifier.bias.sub_(space.shift).div_(space.scale)
+            model.classifier.weight.div_(space.scale)
 
 
 def _first(split, limit: int | None):
@@ -317,8 +360,12 @@ class ClassificationEvaluation(Evaluation):
         metrics = compute_classification(chosen.numpy(), targets.long().numpy(), names)
         return predictions, metrics, F.binary_cross_entropy_with_logits(logits, targets.float())
 
+    def served(self, model: nn.Module):
+        to_target_units(model, self.data.labels)
+
     def _regression(self, logits, targets):
-        values = logits[:, 0]
+        space = self.data.labels
+        values = logits[:, 0] * space.scale + space.shift  # the head outputs standardised targets until it is saved
         predictions = [{"prediction": value} for value in values.tolist()]
         return predictions, compute_regression(values.tolist(), targets.tolist()), F.mse_loss(values, targets.float())
 

@@ -300,6 +300,9 @@ class Evaluation(ABC):
     def write(self, output_dir: Path):
         """Write the latest predictions into `output_dir`."""
 
+    def served(self, model: nn.Module):
+        """Make the trained `model` (in place) the one to save and serve; by default it is already."""
+
 
 def finish(args, accelerator: Accelerator, trainer: Trainer, tokenizer, evaluation: Evaluation, results: dict,
            card: dict) -> nn.Module:
@@ -312,7 +315,7 @@ def finish(args, accelerator: Accelerator, trainer: Trainer, tokenizer, evaluati
             evaluation(trainer.model)
     trainer.plot(card["title"])
     model = trainer.unwrapped_model()
-    save_final(accelerator, model, tokenizer, args.output_dir, results)
+    save_final(accelerator, model, tokenizer, args.output_dir, results, prepare=evaluation.served)
     if accelerator.is_main_process:
         trainer.best_weights.unlink(missing_ok=True)  # kept until now so that a resumed run could restore them
         evaluation.write(Path(args.output_dir))

@@ -829,8 +829,10 @@ class Trainer:
         )
 
 
-def save_final(accelerator: Accelerator, model: nn.Module, tokenizer, output_dir: str | Path, results: dict):
-    """`save_pretrained` of the unwrapped model (safetensors) with its tokenizer and `all_results.json`.
+def save_final(accelerator: Accelerator, model: nn.Module, tokenizer, output_dir: str | Path, results: dict,
+               prepare: Callable[[nn.Module], None] | None = None):
+    """`save_pretrained` of the unwrapped model (safetensors) with its tokenizer and `all_results.json`; `prepare`
+    changes the whole model in place before (under FSDP, the main process's gathered copy).
 
     Everything is written to a staging folder first and then moved in file by file with atomic renames, so a
     crash never leaves a half-written model file in `output_dir`.
@@ -840,6 +842,8 @@ def save_final(accelerator: Accelerator, model: nn.Module, tokenizer, output_dir
         state = full_state_dict(accelerator, model)
         model = unsharded_copy(model, state) if accelerator.is_main_process else model
     if accelerator.is_main_process:
+        if prepare is not None:
+            prepare(model)
         output = Path(output_dir)
         staging = output / ".tmp-final"
         shutil.rmtree(staging, ignore_errors=True)
