@@ -421,6 +421,9 @@ def test_multi_label_and_regression_predictions(tmp_path, tokenizer):
     data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": 1.0}, {"text": "b", "label": 3.0}])
     # The model learns the standardised targets (mean 2, standard deviation 1); predictions are in the targets' units.
     assert (data.labels.shift, data.labels.scale) == (2.0, 1.0) and [r["labels"] for r in data.train_rows] == [-1, 1]
+    with pytest.raises(UserError, match="Row 2 of the training data has the label 'inf'; regression needs finite"):
+        classification_data(tmp_path, tokenizer, [{"text": "a", "label": "1.5"}, {"text": "b", "label": "inf"}],
+                            problem_type="regression")
     predictions, metrics = ClassificationEvaluation(None, None, data).score([{"logits": torch.tensor([v])}
                                                                             for v in (0.0, 1.0)])
     assert [p["prediction"] for p in predictions] == [2.0, 3.0]

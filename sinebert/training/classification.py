@@ -5,6 +5,7 @@ Class labels may be strings or integers; they become ids in sorted order (or in 
 ClassLabel names), saved as id2label / label2id in the model config so pipelines answer with the names.
 """
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,9 +226,12 @@ def _number(value, where: str) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise UserError(f"{where} has no label; fill it in or remove the row.")
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise UserError(f"{where} has the label {value!r}, which is not a number as regression needs.") from None
+    if not math.isfinite(number):
+        raise UserError(f"{where} has the label {value!r}; regression needs finite numbers.")
+    return number
 
 
 def texts_of(split, columns: Columns, rows: Rows) -> list[tuple[str, str | None]]:
