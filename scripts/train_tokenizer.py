@@ -7,11 +7,14 @@ The folder loads with `AutoTokenizer.from_pretrained(output_dir)` as a fast toke
 
 import argparse
 import json
+import os
+import shutil
 from pathlib import Path
 
 from sinebert.training.arguments import ArgumentParser, parse_with_config_file
 from sinebert.training.data import add_text_arguments, training_texts
-from sinebert.training.errors import UserError, run_cli
+from sinebert.training.errors import UserError, make_folder, run_cli
+from sinebert.training.lock import RunLock
 from sinebert.training.tokenizer import SPECIAL_TOKENS, train_wordpiece
 
 
@@ -36,14 +39,41 @@ def main(argv=None):
     output = Path(args.output_dir)
     if (output / "tokenizer.json").exists() and not args.overwrite_output_dir:
         raise UserError(f"{output} already holds a tokenizer; pass --overwrite_output_dir to replace it.")
+    claim(output)
     special = {name: getattr(args, name) for name in SPECIAL_TOKENS}
     tokenizer = train_wordpiece(training_texts(args, args.streaming), args.vocab_size, args.min_frequency,
                                 args.lowercase, special, args.model_max_length)
-    tokenizer.save_pretrained(output)
     summary = {"vocab_size": len(tokenizer), "lowercase": args.lowercase, "min_frequency": args.min_frequency,
                "data": args.dataset_name or args.train_file}
-    (output / "tokenizer_training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    save(tokenizer, summary, output)
+    RunLock.release()
     print(f"Saved a WordPiece tokenizer of {len(tokenizer)} tokens to {output}.")
+
+
+def claim(output: Path):
+    """One job per folder, as for the training scripts; a run that fails leaves no folder it created."""
+    try:
+        make_folder(output)
+    except OSError:
+        pass
+    if not (output.is_dir() and os.access(output, os.W_OK | os.X_OK)):
+        raise UserError(f"--output_dir {output} cannot be created or written; choose a folder you can write.")
+    holder = RunLock.take(output)
+    if holder:
+        raise UserError(f"--output_dir {output} is in use by another job ({holder}); wait for it to end or stop it, "
+                        "or choose another folder.")
+
+
+def save(tokenizer, summary: dict, output: Path):
+    """Write every file in a staging folder, then move each in with an atomic rename, tokenizer.json (whose presence
+    marks a finished tokenizer) last: a killed save leaves no partly written file."""
+    staging = output / ".tmp-tokenizer"
+    shutil.rmtree(staging, ignore_errors=True)
+    tokenizer.save_pretrained(staging)
+    (staging / "tokenizer_training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for file in sorted(staging.iterdir(), key=lambda file: file.name == "tokenizer.json"):
+        os.replace(file, output / file.name)
+    staging.rmdir()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """scripts/train_tokenizer.py: trains on the inputs pretraining accepts and reloads through AutoTokenizer."""
 
 import csv
+import fcntl
 import random
 import subprocess
 import sys
@@ -29,6 +30,9 @@ def corpus(tmp_path_factory, sentences):
 
 def test_trains_on_globbed_text_files_and_reloads(corpus, tmp_path):
     run_script("--train_file", corpus / "part*.txt", "--vocab_size", 700, "--output_dir", tmp_path / "tok")
+    # Moved in from a staging folder, and the folder's lock given back: nothing else is left there.
+    assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == [
+        "tokenization_sinebert.py", "tokenizer.json", "tokenizer_config.json", "tokenizer_training.json"]
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
     assert tokenizer.is_fast and len(tokenizer) == 700
     assert [tokenizer.pad_token_id, tokenizer.mask_token_id] == [0, 4]
@@ -101,6 +105,18 @@ def test_bad_input_gets_one_clear_sentence(tmp_path, capsys, files, message):
     (tmp_path / "blank.txt").write_text("\n   \n\n")
     argv = ["--train_file", *[tmp_path / f for f in files], "--output_dir", tmp_path / "tok"]
     assert message in user_error(capsys, train_tokenizer, argv)
+
+
+def test_a_folder_another_job_holds_is_refused_before_training(corpus, tmp_path, capsys):
+    out = tmp_path / "tok"
+    out.mkdir()
+    with open(out / ".sinebert.lock", "a+") as held:  # as a running job holds it (the kernel's lock, another file)
+        held.write("host elsewhere, pid 1, since 2026-12-06 09:00:00\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        message = user_error(capsys, train_tokenizer, ["--train_file", corpus / "part1.txt", "--output_dir", out])
+    assert f"--output_dir {out} is in use by another job (host elsewhere, pid 1, since 2026-12-06 09:00:00)" in message
+    assert sorted(p.name for p in out.iterdir()) == [".sinebert.lock"]  # the holder's file, untouched
 
 
 def test_command_line_error_has_no_traceback(tmp_path):

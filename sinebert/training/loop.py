@@ -30,8 +30,9 @@ from transformers import get_scheduler
 
 from ..layout_sinebert import TokenLoss
 from .checkpoint import CheckpointManager
-from .errors import SharedUserError, UserError, make_folder, release_on_error, write_failure
+from .errors import SharedUserError, UserError, make_folder, write_failure
 from .hub import check_hub
+from .lock import RunLock
 from .optimizer import build_optimizer, describe_optimizer
 from .reporting import MetricsLog, plot_curves, write_json
 from .sharding import (
@@ -289,44 +290,6 @@ def _claim(args, output: Path) -> str | None:
             path = output / stale
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     return None
-
-
-class RunLock:
-    """An exclusive lock on `output_dir/.sinebert.lock`, held by the main process for the whole run. The kernel
-    releases it when the process ends, however it ends, so a killed run never leaves a stale lock; the file names
-    the holder for the sentence a second job gets."""
-
-    NAME = ".sinebert.lock"
-    _held = None  # the open file: the lock lives as long as it does
-
-    @classmethod
-    def take(cls, output: Path) -> str | None:
-        """None once this process holds the lock, else who holds it (host, pid, since when)."""
-        import fcntl
-        import socket
-
-        file = (output / cls.NAME).open("a+", encoding="utf-8")
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            file.seek(0)
-            holder = file.read().strip() or "its holder wrote no name"
-            file.close()
-            return holder
-        file.truncate(0)
-        file.write(f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        file.flush()
-        cls._held = file
-        release_on_error(cls.release)
-        return None
-
-    @classmethod
-    def release(cls):
-        """Give the lock up and remove its file (at the end of the run, or when it fails on bad input)."""
-        if cls._held is not None:
-            Path(cls._held.name).unlink(missing_ok=True)
-            cls._held.close()
-            cls._held = None
 
 
 def memory_bytes(device: torch.device) -> int:
