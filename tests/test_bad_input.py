@@ -23,6 +23,7 @@ def files(tmp_path, sentences):
     (tmp_path / "numbers.jsonl").write_text('{"text": 5}\n{"text": {"a": 1}}\n')
     (tmp_path / "numbers_labels.jsonl").write_text('{"text": 3, "label": [1]}\n{"text": 4, "label": [0]}\n')
     (tmp_path / "blank_label.csv").write_text("sentence,label\ngood film,1\nbad film,\nok film,0\n")
+    (tmp_path / "reviews.tsv").write_text("id\treview\n" + "".join(f"{i}\t{s}\n" for i, s in enumerate(sentences[:50])))
     return tmp_path
 
 
@@ -35,6 +36,8 @@ def files(tmp_path, sentences):
         (["--train_file", "latin1.txt"], "latin1.txt line 51 is not valid utf-8"),
         (["--train_file", "blank.txt"], "The 'text' column is empty after dropping blank lines"),
         (["--train_file", "data.parquet"], "has the extension '.parquet'; use .txt, .csv, .tsv, .json or .jsonl"),
+        (["--train_file", "reviews.csv", "--validation_file", "reviews.tsv"],
+         "--train_file/--validation_file mixes .csv (comma-separated) and .tsv (tab-separated) files"),
         (["--train_file", "reviews.csv", "--text_column_name", "review", "--hidden_size", 31],
          "hidden_size=31 is not divisible by num_attention_heads=2"),
         (["--train_file", "reviews.csv", "--text_column_name", "review", "--mlm_probability", 1.5],
@@ -48,7 +51,7 @@ def files(tmp_path, sentences):
     ],
 )
 def test_bad_data_and_settings(files, tokenizer_dir, capsys, extra, message):
-    extra = [str(files / e) if str(e).endswith((".csv", ".txt", ".parquet", ".jsonl")) else e for e in extra]
+    extra = [str(files / e) if str(e).endswith((".csv", ".tsv", ".txt", ".parquet", ".jsonl")) else e for e in extra]
     argv = [*TINY, "--tokenizer_name", tokenizer_dir, *extra, "--output_dir", files / "out"]
     assert message in user_error(capsys, pretrain, argv)
     assert not (files / "out").exists()  # the folder the run created is gone again

@@ -51,6 +51,9 @@ def file_type(files: list[str], flag: str) -> str:
         kinds.add(FILE_TYPES[suffix])
     if len(kinds) > 1:
         raise UserError(f"{flag} mixes file types {sorted(kinds)}; give files of one type.")
+    separated = {Path(file).suffix.lower() for file in files} & {".csv", ".tsv"}
+    if len(separated) > 1:  # one reader reads them all, with one separator
+        raise UserError(f"{flag} mixes .csv (comma-separated) and .tsv (tab-separated) files; give files of one kind.")
     return kinds.pop()
 
 
