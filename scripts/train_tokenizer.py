@@ -13,8 +13,8 @@ from pathlib import Path
 
 from sinebert.training.arguments import ArgumentParser, parse_with_config_file
 from sinebert.training.data import add_text_arguments, training_texts
-from sinebert.training.errors import UserError, make_folder, run_cli
-from sinebert.training.lock import RunLock
+from sinebert.training.errors import UserError, run_cli
+from sinebert.training.lock import RunLock, take_folder
 from sinebert.training.tokenizer import SPECIAL_TOKENS, train_wordpiece
 
 
@@ -39,7 +39,9 @@ def main(argv=None):
     output = Path(args.output_dir)
     if (output / "tokenizer.json").exists() and not args.overwrite_output_dir:
         raise UserError(f"{output} already holds a tokenizer; pass --overwrite_output_dir to replace it.")
-    claim(output)
+    refused = take_folder(output)  # one job per folder, as for the training scripts
+    if refused:
+        raise UserError(refused)
     special = {name: getattr(args, name) for name in SPECIAL_TOKENS}
     tokenizer = train_wordpiece(training_texts(args, args.streaming), args.vocab_size, args.min_frequency,
                                 args.lowercase, special, args.model_max_length)
@@ -48,20 +50,6 @@ def main(argv=None):
     save(tokenizer, summary, output)
     RunLock.release()
     print(f"Saved a WordPiece tokenizer of {len(tokenizer)} tokens to {output}.")
-
-
-def claim(output: Path):
-    """One job per folder, as for the training scripts; a run that fails leaves no folder it created."""
-    try:
-        make_folder(output)
-    except OSError:
-        pass
-    if not (output.is_dir() and os.access(output, os.W_OK | os.X_OK)):
-        raise UserError(f"--output_dir {output} cannot be created or written; choose a folder you can write.")
-    holder = RunLock.take(output)
-    if holder:
-        raise UserError(f"--output_dir {output} is in use by another job ({holder}); wait for it to end or stop it, "
-                        "or choose another folder.")
 
 
 def save(tokenizer, summary: dict, output: Path):

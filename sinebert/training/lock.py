@@ -4,7 +4,7 @@ import os
 import time
 from pathlib import Path
 
-from .errors import release_on_error
+from .errors import make_folder, release_on_error
 
 
 class RunLock:
@@ -43,3 +43,20 @@ class RunLock:
             Path(cls._held.name).unlink(missing_ok=True)
             cls._held.close()
             cls._held = None
+
+
+def take_folder(output: Path) -> str | None:
+    """Create `output` if need be (a run that then fails removes it again) and lock it for this process: None once it
+    is this job's, else the sentence that refuses it."""
+    try:
+        make_folder(output)
+    except OSError:
+        pass
+    if not (output.is_dir() and os.access(output, os.W_OK | os.X_OK)):
+        return (f"--output_dir {output} cannot be created or written (a file has that name, or its filesystem is "
+                "read-only or not yours); choose a folder you can write.")
+    holder = RunLock.take(output)
+    if holder:
+        return (f"--output_dir {output} is in use by another job ({holder}); wait for it to end or stop it, or "
+                "choose another folder.")
+    return None

@@ -30,9 +30,9 @@ from transformers import get_scheduler
 
 from ..layout_sinebert import TokenLoss
 from .checkpoint import CheckpointManager
-from .errors import SharedUserError, UserError, make_folder, write_failure
+from .errors import SharedUserError, UserError, write_failure
 from .hub import check_hub
-from .lock import RunLock
+from .lock import RunLock, take_folder
 from .optimizer import build_optimizer, describe_optimizer
 from .reporting import MetricsLog, plot_curves, write_json
 from .sharding import (
@@ -274,17 +274,9 @@ def _claim(args, output: Path) -> str | None:
     if occupied and not args.resume_from_checkpoint and not args.overwrite_output_dir:
         return (f"--output_dir {output} already holds files from another run; pass --overwrite_output_dir to replace "
                 "it, --resume_from_checkpoint latest to continue it, or choose another folder.")
-    try:
-        make_folder(output)
-    except OSError:
-        pass
-    if not (output.is_dir() and os.access(output, os.W_OK | os.X_OK)):
-        return (f"--output_dir {output} cannot be created or written (a file has that name, or its filesystem is "
-                "read-only or not yours); choose a folder you can write.")
-    holder = RunLock.take(output)
-    if holder:
-        return (f"--output_dir {output} is in use by another job ({holder}); wait for it to end or stop it, or "
-                "choose another folder.")
+    refused = take_folder(output)
+    if refused:
+        return refused
     if occupied and not args.resume_from_checkpoint:  # --overwrite_output_dir, now that the folder is this job's
         for stale in ("checkpoints", "metrics.jsonl"):
             path = output / stale
