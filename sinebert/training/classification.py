@@ -150,9 +150,9 @@ def build_label_space(train, column: str, problem_type: str | None, separator: s
     feature = train.features[column]
     values = list(train[column])
     if problem_type is None:
-        problem_type = _infer_problem_type(feature, values, separator)
-        why = f"--label_separator {separator!r} splits its text; " if separator is not None and \
-            problem_type == "multi_label_classification" and _is_text(feature) else ""
+        split_text = separator is not None and _is_text(feature)
+        problem_type = _infer_problem_type(feature, values, split_text)
+        why = f"--label_separator {separator!r} splits its text; " if split_text else ""
         print_fn(f"Labels in {column!r}: training a {problem_type.replace('_', ' ')} model ({why}set --problem_type "
                  "to choose otherwise).")
     multi = problem_type == "multi_label_classification"
@@ -172,10 +172,8 @@ def build_label_space(train, column: str, problem_type: str | None, separator: s
     return space
 
 
-def _infer_problem_type(feature, values: list, separator: str | None) -> str:
-    if isinstance(feature, (Sequence, list)) or (values and isinstance(values[0], list)):
-        return "multi_label_classification"
-    if separator is not None and _is_text(feature):
+def _infer_problem_type(feature, values: list, split_text: bool) -> str:
+    if split_text or isinstance(feature, (Sequence, list)) or (values and isinstance(values[0], list)):
         return "multi_label_classification"
     if isinstance(feature, Value) and feature.dtype.startswith("float"):
         return "regression"
