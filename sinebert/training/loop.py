@@ -383,6 +383,8 @@ class Trainer:
         # of a bf16 step on 2 CPU cores (benchmarks/pretrain_throughput.py). Unwrapping so removes both wrappers.
         accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)
         self.train_dataloader = train_dataloader
+        # Running statistics of the data the model keeps (token dropping's loss table), paused for a second look.
+        self.running_statistics = [module for module in model.modules() if isinstance(module, TokenLoss)]
         if args.torch_compile:
             self.model = torch.compile(self.model)
         self.checkpoints = CheckpointManager(accelerator, args.output_dir, args.checkpoints_total_limit)
@@ -575,10 +577,8 @@ class Trainer:
         """Pauses the model's running statistics (token dropping's loss table) for a forward that sees data a second
         time: a repeated batch, or the adversarial pass over a perturbed one."""
         stack = ExitStack()
-        if paused:
-            for module in self.unwrapped_model().modules():
-                if isinstance(module, TokenLoss):
-                    stack.enter_context(module.paused())
+        for table in self.running_statistics if paused else ():
+            stack.enter_context(table.paused())
         return stack
 
     @staticmethod
