@@ -164,13 +164,13 @@ def test_bad_model_and_tokenizer_folders_are_one_sentence_about_the_folder(files
 
 
 @pytest.mark.parametrize(("file", "message"), [
-    ("numbers_labels.jsonl", "Row 1 of the training data has 3 (int) in 'text', not text"),
-    ("blank_label.csv", "Row 2 of the training data has no label; fill it in or remove the row."),
+    ("numbers_labels.jsonl", "Row 1 of {path} has 3 (int) in 'text', not text"),
+    ("blank_label.csv", "Row 2 of {path} has no label; fill it in or remove the row."),
 ])
 def test_classification_rows_of_the_wrong_kind_are_one_sentence(files, tokenizer_dir, capsys, file, message):
     argv = [*TINY[:8], "--train_file", files / file, "--validation_file", files / file, "--tokenizer_name",
             tokenizer_dir, "--max_train_steps", 1, "--output_dir", files / "out"]
-    assert message in user_error(capsys, load_script("finetune_classification"), argv)
+    assert message.format(path=files / file) in user_error(capsys, load_script("finetune_classification"), argv)
     assert not (files / "out").exists()
 
 

@@ -19,7 +19,15 @@ from sinebert.training.classification import (
 )
 from sinebert.training.errors import UserError
 from sinebert.training.finetune import LengthGroupedSampler
-from sinebert.training.ner import Sentence, context_groups, encode_sentences, load_ner_data, read_conll, to_iob2
+from sinebert.training.ner import (
+    Sentence,
+    context_groups,
+    encode_sentences,
+    load_ner_data,
+    load_ner_sentences,
+    read_conll,
+    to_iob2,
+)
 from sinebert.training.qa import (
     QAEvaluation,
     QAExample,
@@ -127,29 +135,50 @@ def test_a_validation_label_unseen_in_training_is_one_clear_error(tmp_path, toke
     valid = write(tmp_path / "valid.csv", "sentence,label\nfine,positive\nmeh,neutral\n")
     with pytest.raises(UserError) as error:
         load_classification_data(namespace(train_file=[train], validation_file=[valid]), tokenizer)
-    assert "Row 2 of the validation data has the label 'neutral', which the training data never has" in \
-        one_sentence(error) and "['negative', 'positive']" in str(error.value)
+    assert f"Row 2 of {valid} has the label 'neutral', which the training data never has" in one_sentence(error) and "['negative', 'positive']" in str(error.value)
 
 
 @pytest.mark.parametrize("bad", range(6))
-def test_a_row_of_a_held_out_split_is_named_by_its_row_in_the_training_file(tmp_path, tokenizer, bad):
-    """With no validation file, half of the rows are held out at random; a message about a row gives its row in the
-    file, wherever it went: row `bad` has no label, then row 5-`bad` the only 'neutral'."""
+def test_a_row_of_a_held_out_split_is_named_by_its_file_and_row_there(tmp_path, tokenizer, bad):
+    """With no validation file, half of the rows of two files are held out at random; a message about a row gives its
+    file and its row there, wherever it went: row `bad` has no label, then row 5-`bad` the only 'neutral'."""
     cells = [["good", "positive"] if row % 2 else ["bad", "negative"] for row in range(6)]
+
+    def files(name: str) -> list[str]:  # rows 0-2 in the first file, 3-5 in the second
+        return [write(tmp_path / f"{name}{part}.csv", "sentence,label\n" + "".join(f"{a},{b}\n" for a, b in half))
+                for part, half in enumerate((cells[:3], cells[3:]))]
+
+    def place(row: int, name: str) -> str:
+        return f"Row {row % 3 + 1} of {tmp_path / f'{name}{row // 3}.csv'}"
+
     cells[bad][1] = ""
-    train = write(tmp_path / "blank.csv", "sentence,label\n" + "".join(f"{a},{b}\n" for a, b in cells))
     with pytest.raises(UserError) as error:
-        load_classification_data(namespace(train_file=[train], validation_split_percentage=50.0), tokenizer)
-    assert one_sentence(error) == f"Row {bad + 1} of the training data has no label; fill it in or remove the row."
+        load_classification_data(namespace(train_file=files("blank"), validation_split_percentage=50.0), tokenizer)
+    assert one_sentence(error) == f"{place(bad, 'blank')} has no label; fill it in or remove the row."
     cells[bad][1], cells[5 - bad][1] = ("positive" if bad % 2 else "negative"), "neutral"
-    train = write(tmp_path / "neutral.csv", "sentence,label\n" + "".join(f"{a},{b}\n" for a, b in cells))
     try:
-        data = load_classification_data(namespace(train_file=[train], validation_split_percentage=50.0), tokenizer)
+        data = load_classification_data(namespace(train_file=files("neutral"), validation_split_percentage=50.0),
+                                        tokenizer)
         assert "neutral" in data.labels.names  # it went to training
     except UserError as error:  # or a label went to validation only: the row named has it
-        found = re.match(r"Row (\d) of the training data has the label '(\w+)', which only the rows held out for "
-                         "validation have; the training labels are", str(error))
-        assert found and cells[int(found[1]) - 1][1] == found[2], str(error)
+        found = re.match(r"(Row \d of \S+) has the label '(\w+)', which only the rows held out for validation have; "
+                         "the training labels are", str(error))
+        assert found and any(place(row, "neutral") == found[1] and cells[row][1] == found[2] for row in range(6)), \
+            str(error)
+
+
+def test_json_tagged_rows_of_several_files_are_named_by_file_and_read_as_one_document_each(tmp_path, tokenizer):
+    rows = [{"tokens": ["EU", "rejects"], "ner_tags": ["B-ORG", "O"]}, {"tokens": ["Peter"], "ner_tags": ["B-PER"]}]
+    first, second = (write(tmp_path / name, "\n".join(json.dumps(row) for row in rows))
+                     for name in ("a.jsonl", "b.jsonl"))
+    sentences = load_ner_sentences(namespace(train_file=[first, second], validation_file=[second]))["train"]
+    # Document context never runs from the end of one file into the next.
+    assert [(s.origin, s.document) for s in sentences] == [(f"{first} row 1", first), (f"{first} row 2", first),
+                                                           (f"{second} row 1", second), (f"{second} row 2", second)]
+    bad = write(tmp_path / "c.jsonl", "\n".join(json.dumps(row) for row in [*rows, {"tokens": ["x"], "ner_tags": []}]))
+    with pytest.raises(UserError) as error:
+        load_ner_data(namespace(train_file=[first, bad], validation_file=[first]), tokenizer)
+    assert one_sentence(error) == f"{bad} row 3: 'tokens' and 'ner_tags' need lists of tokens and tags of equal length."
 
 
 def test_columns_that_do_not_match_are_one_clear_error(tmp_path, tokenizer):
@@ -421,7 +450,7 @@ def test_multi_label_and_regression_predictions(tmp_path, tokenizer):
     data = classification_data(tmp_path, tokenizer, [{"text": "a", "label": 1.0}, {"text": "b", "label": 3.0}])
     # The model learns the standardised targets (mean 2, standard deviation 1); predictions are in the targets' units.
     assert (data.labels.shift, data.labels.scale) == (2.0, 1.0) and [r["labels"] for r in data.train_rows] == [-1, 1]
-    with pytest.raises(UserError, match="Row 2 of the training data has the label 'inf'; regression needs finite"):
+    with pytest.raises(UserError, match="Row 2 of .* has the label 'inf'; regression needs finite"):
         classification_data(tmp_path, tokenizer, [{"text": "a", "label": "1.5"}, {"text": "b", "label": "inf"}],
                             problem_type="regression")
     predictions, metrics = ClassificationEvaluation(None, None, data).score([{"logits": torch.tensor([v])}

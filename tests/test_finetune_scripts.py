@@ -327,7 +327,7 @@ def test_each_script_ends_bad_data_with_one_error_sentence(tmp_path, capsys, tok
     common = ["--tokenizer_name", tokenizer_dir, *TINY]
     line = user_error(capsys, load_script("finetune_classification"),
                       ["--train_file", train, "--validation_file", valid, *common, "--output_dir", tmp_path / "c"])
-    assert "Row 2 of the validation data has the label 'neutral', which the training data never has" in line
+    assert f"Row 2 of {valid} has the label 'neutral', which the training data never has" in line
     conll = tmp_path / "train.txt"
     conll.write_text("EU NNP B-NP B-ORG\nrejects VBZ O\n")
     line = user_error(capsys, load_script("finetune_ner"),

@@ -16,7 +16,7 @@ from datasets import ClassLabel, DatasetDict, Sequence, Value
 from torch import nn
 from transformers import AutoConfig
 
-from .data import hold_out_validation, load_splits, pick_column
+from .data import FileRows, hold_out_validation, load_splits, pick_column, split_files
 from .errors import UserError
 from .finetune import Evaluation, write_jsonl
 from .metrics.classification import compute_classification
@@ -67,16 +67,21 @@ class LabelSpace:
 
 @dataclass(frozen=True)
 class Rows:
-    """How error messages name a row of one split: by its place in the data the user gave, which for a split held out
-    of the training data (--validation_split_percentage) is its row there."""
+    """How error messages name a row of one split: by its place in the data the user gave (its file and row there,
+    for local files), which for a split held out of the training data (--validation_split_percentage) is its row
+    there."""
 
     split: str  # "training" or "validation"
     held_out: list[int] | None = None  # for a split held out of the training data: each row's index there
+    files: FileRows | None = None  # the files the rows were read from, in order
 
     def __call__(self, row: int) -> str:
-        if self.held_out is None:
-            return f"Row {row + 1} of the {self.split} data"
-        return f"Row {self.held_out[row] + 1} of the training data"
+        if self.held_out is not None:
+            row = self.held_out[row]
+        if self.files is not None:
+            file, row_there = self.files.place(row)
+            return f"Row {row_there:,} of {file}"
+        return f"Row {row + 1} of the {'training' if self.held_out is not None else self.split} data"
 
 
 @dataclass
@@ -108,8 +113,10 @@ def load_classification_splits(args) -> tuple[DatasetDict, dict[str, Rows]]:
     else:
         splits = load_splits(args)
     splits, held_out = hold_out_validation(splits, args.validation_split_percentage, args.seed)
-    rows = {"train": Rows("training", held_out.get("train")),
-            "validation": Rows("validation", held_out.get("validation"))}
+    files = {} if args.task_name else split_files(args)
+    rows = {"train": Rows("training", held_out.get("train"), files.get("train")),
+            "validation": Rows("validation", held_out.get("validation"),
+                               files.get("train" if held_out else "validation"))}
     return DatasetDict(train=splits["train"], validation=splits["validation"]), rows
 
 

@@ -2,10 +2,12 @@
 files that are missing, empty, of an unknown type or in another encoding."""
 
 import argparse
+import functools
 import glob
 import itertools
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -97,6 +99,22 @@ def load_splits(args, streaming: bool = False) -> DatasetDict | IterableDatasetD
     """`train` (and `validation` when given) from --dataset_name or --train_file/--validation_file."""
     if args.dataset_name:
         return load_hub_dataset(args, streaming)
+    data_files, builder, options = local_files(args)
+    all_files = [file for files in data_files.values() for file in files]
+    check_encoding(all_files, args.encoding)
+    try:
+        return load_dataset(builder, data_files=data_files, streaming=streaming, **options)
+    except datasets.exceptions.DatasetGenerationError as error:
+        cause = error.__cause__ or error
+        if "column names don't match" in str(cause):
+            columns = "; ".join(f"{f} has {file_columns(f, builder, options)}" for f in all_files)
+            raise UserError(f"The data files do not all have the same columns ({columns}); give every file the "
+                            "same column names.") from error
+        raise UserError(f"Could not read {', '.join(all_files)} as {builder}: {cause}") from error
+
+
+def local_files(args) -> tuple[dict[str, list[str]], str, dict]:
+    """The files of each split (--train_file, --validation_file), their `datasets` builder and its options."""
     train_files = expand_files(args.train_file, "--train_file")
     if not train_files:
         raise UserError("Give training data with --train_file (local files) or --dataset_name (a hub dataset).")
@@ -109,16 +127,47 @@ def load_splits(args, streaming: bool = False) -> DatasetDict | IterableDatasetD
     options = {"encoding": args.encoding}
     if builder == "csv" and all(f.lower().endswith(".tsv") for f in all_files):
         options["sep"] = "\t"
-    check_encoding(all_files, args.encoding)
+    return data_files, builder, options
+
+
+@dataclass(frozen=True)
+class FileRows:
+    """The local files a split was read from, in order, so that a message about a bad row can name its file and its
+    row there even when the split is several files."""
+
+    files: tuple[str, ...]
+    builder: str
+    options: tuple[tuple[str, str], ...]
+
+    def place(self, row: int) -> tuple[str, int]:
+        """The file of `row` (0-based, in the split) and its row there (1-based)."""
+        *earlier, last = self.files
+        for file in earlier:
+            count = _rows_in(file, self.builder, self.options)
+            if row < count:
+                return file, row + 1
+            row -= count
+        return last, row + 1
+
+
+def split_files(args) -> dict[str, FileRows]:
+    """FileRows for each split of --train_file / --validation_file; empty for --dataset_name."""
+    if args.dataset_name:
+        return {}
+    data_files, builder, options = local_files(args)
+    return {name: FileRows(tuple(files), builder, tuple(sorted(options.items()))) for name, files in data_files.items()}
+
+
+@functools.cache
+def _rows_in(file: str, builder: str, options: tuple[tuple[str, str], ...]) -> int:
+    """How many rows `datasets` reads from `file` alone (a second read, made only to name a bad row's file)."""
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
     try:
-        return load_dataset(builder, data_files=data_files, streaming=streaming, **options)
-    except datasets.exceptions.DatasetGenerationError as error:
-        cause = error.__cause__ or error
-        if "column names don't match" in str(cause):
-            columns = "; ".join(f"{f} has {file_columns(f, builder, options)}" for f in all_files)
-            raise UserError(f"The data files do not all have the same columns ({columns}); give every file the "
-                            "same column names.") from error
-        raise UserError(f"Could not read {', '.join(all_files)} as {builder}: {cause}") from error
+        return load_dataset(builder, data_files={"train": [file]}, split="train", **dict(options)).num_rows
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
 
 
 def file_columns(file: str, builder: str, options: dict) -> list[str]:

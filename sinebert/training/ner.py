@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from datasets import ClassLabel, Sequence
 
 from ..tagging import best_tag_path, iob2_transitions
-from .data import check_encoding, expand_files, load_splits, pick_column
+from .data import FileRows, check_encoding, expand_files, load_splits, pick_column, split_files
 from .errors import UserError
 from .finetune import Evaluation, write_jsonl
 from .metrics.seqeval_strict import compute_entities
@@ -32,7 +32,7 @@ SCHEMES = ("IOB2", "IOB1")
 class Sentence:
     tokens: list[str]
     tags: list[str]
-    origin: str  # where it came from, for error messages: "file line N" or "training row N"
+    origin: str  # where it came from, for error messages: "FILE line N", "FILE row N" or "training row N"
     # Consecutive sentences of one document share it; document context never crosses from one document to the next.
     document: str = ""
 
@@ -78,21 +78,27 @@ def read_conll(path: str, token_column: int, tag_column: int, encoding: str = "u
     return sentences
 
 
-def _records_to_sentences(split, split_name: str, token_column: str, tag_column: str) -> list[Sentence]:
+def _records_to_sentences(split, label: str, token_column: str, tag_column: str, files: FileRows | None
+                          ) -> list[Sentence]:
+    """The rows in order as one running text, or for several files one text per file."""
     feature = split.features[tag_column]
     names = feature.feature.names if isinstance(feature, Sequence) and isinstance(feature.feature, ClassLabel) else None
     sentences = []
     for row, (tokens, tags) in enumerate(zip(split[token_column], split[tag_column])):
-        origin = f"{split_name} row {row + 1}"
+        if files is None:
+            origin, document = f"{label} row {row + 1}", label
+        else:
+            document, row_there = files.place(row)
+            origin = f"{document} row {row_there}"
         if not isinstance(tokens, list) or not isinstance(tags, list) or len(tokens) != len(tags):
-            raise UserError(f"The {origin} needs lists of tokens and tags of equal length in {token_column!r} and "
-                            f"{tag_column!r}.")
+            raise UserError(f"{origin}: {token_column!r} and {tag_column!r} need lists of tokens and tags of equal "
+                            "length.")
         if names is not None:
             tags = [names[t] for t in tags]
         elif any(not isinstance(t, str) for t in tags):
-            raise UserError(f"The {origin} has tags that are not strings like 'B-PER' in {tag_column!r}, and the data "
-                            "has no ClassLabel names for them.")
-        sentences.append(Sentence(list(tokens), list(tags), origin, split_name))  # rows in order: one running text
+            raise UserError(f"{origin}: the tags in {tag_column!r} are not strings like 'B-PER', and the data has no "
+                            "ClassLabel names for them.")
+        sentences.append(Sentence(list(tokens), list(tags), origin, document))
     return sentences
 
 
@@ -127,7 +133,7 @@ def _read_conll_files(patterns: list[str] | None, flag: str, args) -> list[Sente
 
 
 def _load_records(args) -> dict[str, list[Sentence]]:
-    splits = load_splits(args)
+    splits, files = load_splits(args), split_files(args)
     columns = list(splits["train"].column_names)
     token_column = pick_column(columns, args.text_column_name, ("tokens", "words"), "--text_column_name", "token")
     tag_column = pick_column(columns, args.label_column_name, ("ner_tags", "tags", "labels"), "--label_column_name",
@@ -142,7 +148,7 @@ def _load_records(args) -> dict[str, list[Sentence]]:
                 raise UserError(f"The {name} data has no column {column!r} (found in the training data); its columns "
                                 f"are {present}.")
         label = "training" if name == "train" else name
-        sentences[name] = _records_to_sentences(splits[name], label, token_column, tag_column)
+        sentences[name] = _records_to_sentences(splits[name], label, token_column, tag_column, files.get(name))
     return _with_validation(sentences, args)
 
 
