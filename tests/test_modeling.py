@@ -441,6 +441,33 @@ def test_torch_compile_with_freezing_serves_padded_batches_of_new_lengths_as_the
                                        eager(input_ids=ids, attention_mask=mask).logits, atol=1e-4, rtol=1e-4)
 
 
+def test_compiled_pretraining_steps_compile_for_the_first_new_sizes_only_and_match_eager():
+    """--torch_compile's training: each step masks a new number of tokens, which the masked-only head reads. The
+    compiled model must take new counts as dynamic sizes (one recompile), not compile again for every count: a
+    frame that needs more than 4 graphs fails here, as the head did while the chunked cross-entropy's loop fixed its
+    trip count. Dynamo's capture alone (backend "eager"): inductor's code generation takes a minute here."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    model = SineBertForMaskedLM(tiny_config(sparse_prediction=True)).train()
+    reference = SineBertForMaskedLM(tiny_config(sparse_prediction=True)).train()
+    reference.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    with torch._dynamo.config.patch(recompile_limit=4, fail_on_recompile_limit_hit=True):
+        for count in (10, 13, 17, 21, 25, 30, 34, 41):
+            ids = torch.randint(5, 99, (4, 16))
+            labels = torch.full_like(ids, -100).flatten()
+            labels[torch.randperm(64)[:count]] = 7
+            inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels.view(4, 16))
+            loss, expected = compiled(**inputs).loss, reference(**inputs).loss
+            torch.testing.assert_close(loss, expected)
+            (loss + expected).backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("cls", ALL_HEADS[1:])
 def test_unpadded_fast_path_matches_the_reference_in_every_head_and_its_gradients(cls, positions):
