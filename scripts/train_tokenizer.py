@@ -7,13 +7,11 @@ The folder loads with `AutoTokenizer.from_pretrained(output_dir)` as a fast toke
 
 import argparse
 import json
-import os
-import shutil
 from pathlib import Path
 
 from sinebert.training.arguments import ArgumentParser, parse_with_config_file
 from sinebert.training.data import add_text_arguments, training_texts
-from sinebert.training.errors import UserError, run_cli
+from sinebert.training.errors import UserError, run_cli, write_staged
 from sinebert.training.lock import RunLock, take_folder
 from sinebert.training.tokenizer import SPECIAL_TOKENS, train_wordpiece
 
@@ -53,15 +51,17 @@ def main(argv=None):
 
 
 def save(tokenizer, summary: dict, output: Path):
-    """Write every file in a staging folder, then move each in with an atomic rename, tokenizer.json (whose presence
-    marks a finished tokenizer) last: a killed save leaves no partly written file."""
-    staging = output / ".tmp-tokenizer"
-    shutil.rmtree(staging, ignore_errors=True)
-    tokenizer.save_pretrained(staging)
-    (staging / "tokenizer_training.json").write_text(json.dumps(summary, indent=2) + "\n")
-    for file in sorted(staging.iterdir(), key=lambda file: file.name == "tokenizer.json"):
-        os.replace(file, output / file.name)
-    staging.rmdir()
+    """Write every file, tokenizer.json (whose presence marks a finished tokenizer) last, through a staging folder:
+    a killed save leaves no partly written file."""
+
+    def write(staging: Path):
+        tokenizer.save_pretrained(staging)
+        (staging / "tokenizer_training.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    reason = write_staged(output, "tokenizer", write, last="tokenizer.json")
+    if reason:
+        raise UserError(f"Could not save the tokenizer into {output} because {reason}; free space, then rerun the "
+                        "same command.")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """scripts/train_tokenizer.py: trains on the inputs pretraining accepts and reloads through AutoTokenizer."""
 
 import csv
+import errno
 import fcntl
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
@@ -117,6 +119,26 @@ def test_a_folder_another_job_holds_is_refused_before_training(corpus, tmp_path,
         message = user_error(capsys, train_tokenizer, ["--train_file", corpus / "part1.txt", "--output_dir", out])
     assert f"--output_dir {out} is in use by another job (host elsewhere, pid 1, since 2026-12-06 09:00:00)" in message
     assert sorted(p.name for p in out.iterdir()) == [".sinebert.lock"]  # the holder's file, untouched
+
+
+def test_a_full_disk_while_saving_is_one_sentence_and_leaves_no_partial_tokenizer(corpus, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """The last file written (tokenizer_training.json) fails as on a full disk: nothing reaches the folder, which the
+    run created and so removes, and a rerun is not refused as "already holds a tokenizer"."""
+    out = tmp_path / "tok"
+    real_write = Path.write_text
+
+    def full(path, *args, **kwargs):
+        if path.name == "tokenizer_training.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    message = user_error(capsys, train_tokenizer, ["--train_file", corpus / "part1.txt", "--vocab_size", 700,
+                                                   "--output_dir", out])
+    assert message == f"error: Could not save the tokenizer into {out} because the disk is full; free space, then " \
+                      "rerun the same command."
+    assert not out.exists()
 
 
 def test_command_line_error_has_no_traceback(tmp_path):

@@ -2,6 +2,7 @@
 
 import errno
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,26 @@ def write_failure(error: BaseException) -> str | None:
         if "No space left" in text or "unexpected pos" in text:  # torch's zip writer says the latter when it is full
             return "the disk is full"
         return f"the write failed ({one_line(error, 160)})"
+    return None
+
+
+def write_staged(output: Path, name: str, write: Callable[[Path], object], last: str | None = None) -> str | None:
+    """`write(staging)` into the hidden folder `output/.tmp-<name>`, then each file moved into `output` with an
+    atomic rename (`last` after the others), so a killed or failed write never leaves a partly written file there.
+    Returns None, or why the write failed (`write_failure`; the staging folder is removed), as a full disk fails it."""
+    staging = output / f".tmp-{name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        write(staging)
+    except Exception as error:
+        reason = write_failure(error)
+        if reason is None:
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        return reason
+    for file in sorted(staging.iterdir(), key=lambda file: file.name == last):
+        os.replace(file, output / file.name)
+    staging.rmdir()
     return None
 
 

@@ -23,14 +23,13 @@ import safetensors.torch
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, broadcast_object_list, set_seed
-from safetensors import SafetensorError
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from ..layout_sinebert import TokenLoss
 from .checkpoint import CheckpointManager
-from .errors import SharedUserError, UserError, write_failure
+from .errors import SharedUserError, UserError, write_staged
 from .hub import check_hub
 from .lock import RunLock, take_folder
 from .optimizer import build_optimizer, describe_optimizer
@@ -800,25 +799,19 @@ def save_final(accelerator: Accelerator, model: nn.Module, tokenizer, output_dir
         if prepare is not None:
             prepare(model)
         output = Path(output_dir)
-        staging = output / ".tmp-final"
-        shutil.rmtree(staging, ignore_errors=True)
-        try:
+
+        def write(staging: Path):
             model.save_pretrained(staging, safe_serialization=True)
             tokenizer.save_pretrained(staging)
             write_json(staging / "all_results.json", results)
-        except (OSError, RuntimeError, SafetensorError) as error:
-            reason = write_failure(error)
-            if reason is None:
-                raise
-            shutil.rmtree(staging, ignore_errors=True)
+
+        reason = write_staged(output, "final", write)
+        if reason:
             raise UserError(
                 f"Could not save the final model into {output} because {reason}; the checkpoints in "
                 f"{output / 'checkpoints'} are intact. Free space, then rerun the same command with "
                 "--resume_from_checkpoint latest: it saves the model again."
-            ) from None
-        for file in staging.iterdir():
-            os.replace(file, output / file.name)
-        staging.rmdir()
+            )
     accelerator.wait_for_everyone()
 
 
