@@ -285,13 +285,13 @@ class QueryRows(NamedTuple):
     layout: PaddedLayout
 
     @classmethod
-    def from_mask(cls, output_mask: torch.Tensor, tokens: TokenRows | None, on_host: list[int]) -> "QueryRows":
-        """`on_host`: each row's count of places read, read by the caller (`_check_token_mask`)."""
+    def from_mask(cls, output_mask: torch.Tensor, tokens: TokenRows | None, n_read: int, most: int) -> "QueryRows":
+        """`n_read` and `most`: the count of places read, and the most in one row, read by the caller
+        (`_check_token_mask`)."""
         read = output_mask.bool()
         counts = read.sum(1)  # (batch,)
-        n_read = sum(on_host)
         positions = nonzero(read, n_read)  # (n_read,) in the flattened batch, row-major
-        queries = torch.arange(max([0, *on_host]), device=read.device) < counts[:, None]  # (batch, most)
+        queries = torch.arange(most, device=read.device) < counts[:, None]  # (batch, most)
         return cls(positions if tokens is None else tokens.rows_of(positions), PaddedLayout.of(queries, n_read))
 
 
@@ -519,12 +519,12 @@ class TokenLayout:
                                               lengths=lengths, per_head=per_head)
         self.queries = self.output_mask = None
         if output_mask is not None:
-            counts = _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read "
-                                       "(output_mask, or masked-LM labels other than -100) include padding "
-                                       "(attention_mask 0); read real tokens only.")
+            read = _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read "
+                                     "(output_mask, or masked-LM labels other than -100) include padding "
+                                     "(attention_mask 0); read real tokens only.", per_row=False)
             self.output_mask = output_mask.bool()
             if fast and not output_hidden_states:
-                self.queries = QueryRows.from_mask(output_mask, self.tokens, counts)
+                self.queries = QueryRows.from_mask(output_mask, self.tokens, *read)
         self.dropping = ()  # the layers of token dropping
         if kept_tokens is not None:
             self._drop(config, kept_tokens.bool(), attention_mask, shape, multiples, per_head)
@@ -634,11 +634,13 @@ class TokenLayout:
         return hidden_states
 
 
-def _check_token_mask(name: str, mask: torch.Tensor, attention_mask: torch.Tensor | None, shape,
-                      on_padding: str) -> list[int] | None:
+def _check_token_mask(name: str, mask: torch.Tensor, attention_mask: torch.Tensor | None, shape, on_padding: str,
+                      per_row: bool = True) -> list[int] | None:
     """`mask`, the `(batch, seq)` input `name`, has the input's `shape` and is True at real tokens only (else
-    ValueError(`on_padding`)). Returns each row's count of True places, read from the device with the check (None in
-    an exported graph, which cannot branch on values)."""
+    ValueError(`on_padding`)). Returns each row's count of True places, or with `per_row=False` only their sum and the
+    largest, read from the device with the check (None in an exported graph, which cannot branch on values). Under
+    torch.compile each number read becomes a size of the graph after the read: a count per row would make inductor
+    guard on their order and compile again for each new order."""
     if mask.shape != shape:
         raise ValueError(
             f"{name} must have the shape of the input, (batch, seq) = {tuple(shape)}, got {tuple(mask.shape)}."
@@ -646,10 +648,13 @@ def _check_token_mask(name: str, mask: torch.Tensor, attention_mask: torch.Tenso
     if is_tracing():
         return None
     mask = mask.bool()
+    counts = mask.sum(1)  # (batch,)
+    if not per_row:
+        counts = torch.stack([counts.sum(), torch.cat([counts.new_zeros(1), counts]).max()])  # (2,): an empty batch too
     if attention_mask is None:  # no padding to check
-        return mask.sum(1).tolist()
+        return counts.tolist()
     on_padding_places = (mask & ~attention_mask.bool()).sum()
-    *counts, on_padding_places = torch.cat([mask.sum(1), on_padding_places[None]]).tolist()  # one read
+    *counts, on_padding_places = torch.cat([counts, on_padding_places[None]]).tolist()  # one read
     if on_padding_places:
         raise ValueError(on_padding)
     return counts
