@@ -505,18 +505,15 @@ class TokenLayout:
         fast = config._attn_implementation != "eager" and not is_tracing()
         multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
         per_head = per_head_kernel(config._attn_implementation, device, dtype) if fast else None
-        # Under torch.compile a padded batch stays padded (unless packed): each length read would become a size of
-        # the graph after the read, which would guard on them all and compile again for nearly every batch.
-        unpad = fast and not torch.compiler.is_compiling()
         # Each row's count of real tokens: the one read of the attention mask, for the padding mask and the rows.
         lengths = [shape[1]] * shape[0] if attention_mask is None else None
-        if attention_mask is not None and attention_mask.dim() == 2 and (unpad or packed):
+        if attention_mask is not None and attention_mask.dim() == 2 and not is_tracing():
             lengths = attention_mask.bool().sum(1).tolist()
-        padded = None if lengths is None else any(n < shape[1] for n in lengths)  # else padding_mask reads it
+        padded = None if lengths is None else any(n < shape[1] for n in lengths)
         self.masks = self._masks(config, attention_mask, shape[1], device, padded)
         self.packed = packed
         self.tokens = None
-        if self.packed or unpad and self.masks["full_attention"] is not None:
+        if self.packed or fast and self.masks["full_attention"] is not None:
             real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
             self.tokens = TokenRows.from_mask(real, config.num_attention_heads, *multiples, packed=self.packed,
                                               lengths=lengths, per_head=per_head)
