@@ -18,9 +18,11 @@ from sinebert.training.classification import (
     GLUE_TASKS,
     PROBLEM_TYPES,
     ClassificationEvaluation,
+    classifier_pooling,
     example_count,
     load_classification_data,
     model_card,
+    starting_config,
     to_standard_units,
 )
 from sinebert.training.errors import run_cli
@@ -56,8 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     group.add_argument(
         "--classifier_pooling", choices=("cls", "mean"),
-        help="What the classifier reads: the first token's vector or the mean over the tokens (default: the "
-             "checkpoint's, else cls).",
+        help="What the classifier reads: the first token's vector or the mean over the tokens (default: a "
+             "classifier checkpoint's own, else mean).",
     )
     return parse_with_config_file(parser, argv)
 
@@ -67,9 +69,10 @@ def main(argv=None):
     accelerator = setup_accelerator(args)
     tokenizer = load_tokenizer(args)
     data = load_classification_data(args, tokenizer, print_fn=accelerator.print)
-    pooling = {"classifier_pooling": args.classifier_pooling} if args.classifier_pooling else {}
-    model = load_model(AutoModelForSequenceClassification, args, tokenizer, **data.labels.config_values(), **pooling)
-    to_standard_units(model, data.labels, args)  # regression trains on standardised targets (saved in y's units)
+    start = starting_config(args)
+    model = load_model(AutoModelForSequenceClassification, args, tokenizer, **data.labels.config_values(),
+                       classifier_pooling=classifier_pooling(args, start))
+    to_standard_units(model, data.labels, start)  # regression trains on standardised targets (saved in y's units)
     fit_schedule(args, accelerator, len(data.train_rows))
     train_dataloader, eval_dataloader = make_dataloaders(
         args, accelerator, model.config, data.train_rows, data.eval_rows, PaddingCollator(tokenizer.pad_token_id)

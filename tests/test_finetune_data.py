@@ -9,11 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from sinebert import SineBertForSequenceClassification
+from sinebert import SineBertForMaskedLM, SineBertForSequenceClassification
 from sinebert.training.classification import (
     ClassificationEvaluation,
+    classifier_pooling,
     example_count,
     load_classification_data,
+    starting_config,
     to_standard_units,
     to_target_units,
 )
@@ -474,9 +476,18 @@ def test_a_regression_head_is_saved_in_the_targets_units_and_trained_further_in_
         torch.testing.assert_close(model(**inputs).logits, standard * 200 + 300)
     model.save_pretrained(tmp_path / "regression")
     again = AutoModelForSequenceClassification.from_pretrained(tmp_path / "regression").eval()
-    to_standard_units(again, space, namespace(model_name_or_path=str(tmp_path / "regression")))
+    to_standard_units(again, space, starting_config(namespace(model_name_or_path=str(tmp_path / "regression"))))
     with torch.no_grad():
         torch.testing.assert_close(again(**inputs).logits, standard)
+
+
+def test_the_classifier_reads_the_token_mean_unless_a_classifier_checkpoint_or_the_flag_says_otherwise(tmp_path):
+    SineBertForMaskedLM(tiny_config()).save_pretrained(tmp_path / "mlm")  # its config holds the default, "cls"
+    SineBertForSequenceClassification(tiny_config(num_labels=2)).save_pretrained(tmp_path / "classifier")
+    for start, flag, expected in ((None, None, "mean"), ("mlm", None, "mean"), ("classifier", None, "cls"),
+                                  ("classifier", "mean", "mean"), (None, "cls", "cls")):
+        args = namespace(model_name_or_path=start and str(tmp_path / start), classifier_pooling=flag)
+        assert classifier_pooling(args, starting_config(args)) == expected, (start, flag)
 
 
 def test_evaluations_give_the_loop_their_main_metric_patience_and_best_model_choice(tmp_path, tokenizer):

@@ -65,8 +65,8 @@ def reviews(tmp_path_factory):
 def test_classification_beats_the_majority_class_and_the_pipeline_agrees(reviews, tmp_path):
     out = tmp_path / "reviews"
     launch("finetune_classification", "--train_file", reviews / "train.tsv", "--validation_file", reviews / "dev.tsv",
-           "--tokenizer_name", reviews / "tokenizer", "--classifier_pooling", "mean", *TINY,
-           "--per_device_train_batch_size", 32, "--num_train_epochs", 2, "--output_dir", out)
+           "--tokenizer_name", reviews / "tokenizer", *TINY, "--per_device_train_batch_size", 32,
+           "--num_train_epochs", 2, "--output_dir", out)
     results = check_saved_run(out, "eval_predictions.jsonl")
     rows = read_jsonl(out / "eval_predictions.jsonl")
     # The majority label is 0.51 of these 400 rows. Two epochs (188 steps) reached accuracy 1.0 with each of the seeds
@@ -77,7 +77,7 @@ def test_classification_beats_the_majority_class_and_the_pipeline_agrees(reviews
     assert set(results["eval_per_class"]) == {"0", "1"} and len(results["eval_confusion_matrix"]["matrix"]) == 2
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"] == {"0": "0", "1": "1"} and config["problem_type"] == "single_label_classification"
-    assert config["classifier_pooling"] == "mean"
+    assert config["classifier_pooling"] == "mean"  # the default from scratch
     classify = pipeline("text-classification", model=str(out))
     served = classify([row["text"] for row in rows[:12]])
     assert [s["label"] for s in served] == [row["prediction"] for row in rows[:12]]
@@ -93,8 +93,8 @@ def test_regression_learns_targets_of_any_units_and_serves_them(reviews, tmp_pat
             f"{text}\t{100 + 300 * label + rng.uniform(-20, 20):.1f}\n" for text, label in rows))
     out = tmp_path / "scores"
     run_here("finetune_classification", "--train_file", tmp_path / "train.tsv", "--validation_file",
-             tmp_path / "dev.tsv", "--tokenizer_name", reviews / "tokenizer", *TINY, "--classifier_pooling", "mean",
-             "--max_train_steps", 100, "--output_dir", out)
+             tmp_path / "dev.tsv", "--tokenizer_name", reviews / "tokenizer", *TINY, "--max_train_steps", 100,
+             "--output_dir", out)
     results = json.loads((out / "all_results.json").read_text())
     rows = read_jsonl(out / "eval_predictions.jsonl")
     # A standard deviation of about 150: a head left in raw units stays near 0 after 100 steps (MAE about 250).

@@ -166,22 +166,22 @@ def check_tokenizer(config, tokenizer):
         )
 
 
-def check_architecture(args):
-    """UserError before anything is built when --model_name_or_path is another architecture than sinebert (its
-    config would lack sinebert's settings, and the scripts' options would fail deep inside it)."""
+def check_architecture(args) -> SineBertConfig:
+    """The config of --model_name_or_path; UserError before anything is built when it is another architecture than
+    sinebert (its config would lack sinebert's settings, and the scripts' options would fail deep inside it)."""
     try:
-        model_type = AutoConfig.from_pretrained(args.model_name_or_path,
-                                                trust_remote_code=args.trust_remote_code).model_type
+        config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as error:
         reason = one_line(error, 300)
         raise UserError(f"Could not load a config from --model_name_or_path {args.model_name_or_path}: {reason}") \
             from None
-    if model_type != SineBertConfig.model_type:
+    if config.model_type != SineBertConfig.model_type:
         raise UserError(
-            f"--model_name_or_path {args.model_name_or_path} holds a {model_type} model; these scripts train and "
-            "fine-tune sinebert checkpoints (from scripts/pretrain.py, or any folder saved by a sinebert model). "
+            f"--model_name_or_path {args.model_name_or_path} holds a {config.model_type} model; these scripts train "
+            "and fine-tune sinebert checkpoints (from scripts/pretrain.py, or any folder saved by a sinebert model). "
             "Start from one of those, or from scratch without --model_name_or_path."
         )
+    return config
 
 
 def load_pretrained(auto_class, args, tokenizer, **config_values):
