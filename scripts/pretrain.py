@@ -168,16 +168,19 @@ def steps_for_tokens(args, accelerator) -> None:
 
 def build_model(args, tokenizer):
     """The masked-LM model (its head predicting only the masked tokens), or for --objective rtd the discriminator
-    with its generator."""
+    with its generator. Either checkpoint's config says that a classifier built from it reads the mean of the token
+    vectors, as the classification script's default does (docs/QUALITY.md, "Pooling"), so that
+    `AutoModelForSequenceClassification.from_pretrained` outside the scripts gets it too."""
+    pooling = {"classifier_pooling": "mean"}
     if args.objective == "mlm":
-        return load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True)
+        return load_pretrained(AutoModelForMaskedLM, args, tokenizer, sparse_prediction=True, **pooling)
     if args.token_dropping_layers is not None:
         raise SharedUserError("--token_dropping_layers does not apply to --objective rtd: the discriminator learns "
                               "from every token, so no layer may drop any; leave it out, or use --objective mlm.")
     if fsdp_requested():
         raise SharedUserError("--objective rtd does not run under FSDP yet (the generator shares the discriminator's "
                               "word embeddings across FSDP units); launch it with a data-parallel config.")
-    discriminator = load_pretrained(AutoModelForPreTraining, args, tokenizer)
+    discriminator = load_pretrained(AutoModelForPreTraining, args, tokenizer, **pooling)
     return ReplacedTokenDetection(discriminator, args.generator_fraction, args.discriminator_weight,
                                   args.mlm_probability, args.generator_temperature)
 

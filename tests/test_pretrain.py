@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from huggingface_hub import ModelCard
-from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer, pipeline
 
 import sinebert  # noqa: F401
 from sinebert.training.loop import bf16_matmuls_are_fast
@@ -64,6 +64,7 @@ def test_one_process_learns_and_the_result_serves(text_corpus, tokenizer_dir, tm
     assert {"perplexity", "eval_accuracy"} <= {r.metric_name for r in ModelCard.load(out / "README.md").data.eval_results}
     model = AutoModelForMaskedLM.from_pretrained(out)
     assert type(model).__name__ == "SineBertForMaskedLM" and model.config.sparse_prediction
+    assert AutoConfig.from_pretrained(out).classifier_pooling == "mean"  # what a classifier built from it reads
     predictions = pipeline("fill-mask", model=str(out))("the movie is [MASK] .")
     assert len(predictions) == 5 and predictions[0]["score"] > predictions[-1]["score"]
 
