@@ -126,11 +126,12 @@ def sinebert_config(size: str, token_dropping: bool = False) -> SineBertConfig:
 
 
 def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert_attention: str = "sdpa",
-           token_dropping: bool = False):
+           token_dropping: bool = False, pooling: str = "mean"):
     """(sinebert, BERT) of identical dimensions. For MLM sinebert takes its pretraining settings (and token
     dropping if asked) and BERT its own defaults (dropout 0.1), or `bert_dropout`; for classification (inference
     only) sinebert keeps the architecture it was pretrained with, as a checkpoint fine-tuned from it does (pre-LN,
-    rotary positions), and BERT takes its defaults. BERT's attention runs `bert_attention`."""
+    rotary positions), and reads the mean of its token vectors (`pooling`), as `scripts/pretrain.py` writes into its
+    checkpoints' config; BERT takes its defaults. BERT's attention runs `bert_attention`."""
     dims = dims_of(size)
     torch.manual_seed(0)
     if task == "mlm":
@@ -140,7 +141,8 @@ def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert
         theirs = BertForMaskedLM(BertConfig(**dims, **dropout, attn_implementation=bert_attention))
     else:
         pretrained = {key: value for key, value in pretraining_settings().items() if key != "sparse_prediction"}
-        ours = SineBertForSequenceClassification(SineBertConfig(**dims, **pretrained, num_labels=2))
+        config = SineBertConfig(**dims, **pretrained, classifier_pooling=pooling, num_labels=2)
+        ours = SineBertForSequenceClassification(config)
         theirs = BertForSequenceClassification(BertConfig(**dims, num_labels=2, attn_implementation=bert_attention))
     return ours.to(DEVICE), theirs.to(DEVICE)
 
@@ -271,13 +273,14 @@ def timed_pass(model, batches: list) -> float:
     return seconds_of(lambda: [model(**batch) for batch in batches])
 
 
-def inference_throughput(precision: str, batches: list, repeats: int, compiled: bool = False) -> dict:
+def inference_throughput(precision: str, batches: list, repeats: int, compiled: bool = False,
+                         pooling: str = "mean") -> dict:
     """Tokens/s of each model over `batches` (median of `repeats` passes after one untimed). `precision`: "fp32",
     "bf16" (autocast over float32 weights) or "bf16 weights" (every model's weights cast to bf16, as
     `from_pretrained(..., dtype=torch.bfloat16)` serves, no autocast). `compiled`: every model through
     `torch.compile(dynamic=True)` with inductor's freezing (weights folded in as constants, for serving), and the
-    seconds of each one's first, compiling pass."""
-    ours, theirs = (m.eval() for m in models("small", task="classification"))
+    seconds of each one's first, compiling pass. `pooling`: sinebert's classifier_pooling."""
+    ours, theirs = (m.eval() for m in models("small", task="classification", pooling=pooling))
     contenders = {"sinebert": ours, "bert": theirs,
                   "bert_eager": models("small", task="classification", bert_attention="eager")[1].eval(),
                   "modernbert": modernbert("small", "classification").eval(),
@@ -289,7 +292,8 @@ def inference_throughput(precision: str, batches: list, repeats: int, compiled: 
               if name.startswith("modernbert") else batches for name in contenders}
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
-    result = {"precision": precision, "real_tokens": tokens, "padded_tokens": padded, "compiled": compiled}
+    result = {"precision": precision, "real_tokens": tokens, "padded_tokens": padded, "compiled": compiled,
+              "pooling": pooling}
     times = {name: [] for name in contenders}
     freezing = nullcontext()
     if compiled:
@@ -555,7 +559,9 @@ def inference_table(rows: list[dict]) -> list[str]:
     lines = ["| SST-2 dev inference, tokens/s | BERT sdpa | BERT eager | ModernBERT sdpa | ModernBERT eager | sinebert | "
              "vs the fastest peer |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        what = r["precision"] + (", compiled" if r.get("compiled") else "")
+        # Rows saved before the key existed were of first-token pooling.
+        what = (r["precision"] + (", compiled" if r.get("compiled") else "")
+                + f", sinebert pooling {r.get('pooling', 'cls')}")
         peers = " | ".join(tokens(r, name) for name in ("bert", "bert_eager", "modernbert", "modernbert_eager"))
         lines.append(f"| {what} | {peers} | {tokens(r, 'sinebert')} | x{r['sinebert_vs_fastest_peer']:.2f} "
                      f"({r['fastest_peer']}) |")
@@ -612,6 +618,9 @@ def main():
                         help="With --inference_only: every model torch.compile'd (dynamic shapes, freezing).")
     parser.add_argument("--bf16_weights", action="store_true",
                         help="With --inference_only: also every model with its weights cast to bf16, no autocast.")
+    parser.add_argument("--classifier_pooling", choices=("mean", "cls"), default="mean",
+                        help="With --inference_only: sinebert's classifier pooling (default mean, as its checkpoints "
+                             "say; cls computes the last layer at the first token only).")
     parser.add_argument("--kernels", action="store_true",
                         help="Time the full-attention kernels alone, and the bf16 roundings; print only.")
     args = parser.parse_args()
@@ -624,7 +633,7 @@ def main():
     # inference pass.
     native = DEVICE.type == "cuda" or cpu_has_native_bf16()
     if args.inference_only:
-        rows = inference_rows(args.quick, native, args.compiled, args.bf16_weights)
+        rows = inference_rows(args.quick, native, args.compiled, args.bf16_weights, args.classifier_pooling)
         lines = inference_table(rows)
         if args.compiled:
             lines += [f"first (compiling) pass, {r['precision']}: "
@@ -661,11 +670,13 @@ def training_row(size: str, precision: str, steps: int, native: bool) -> dict:
     return train_throughput(size, precision, 1, 1)
 
 
-def inference_rows(quick: bool, native: bool, compiled: bool = False, bf16_weights: bool = False) -> list[dict]:
+def inference_rows(quick: bool, native: bool, compiled: bool = False, bf16_weights: bool = False,
+                   pooling: str = "mean") -> list[dict]:
     rows, batches = [], inference_batches(sst2_dev())
     for p in ("fp32", "bf16") + (("bf16 weights",) if bf16_weights else ()):
         print(f"SST-2 dev inference: {p}{' compiled' if compiled else ''} ...", flush=True)
-        rows.append(inference_throughput(p, batches, 1 if quick or (p != "fp32" and not native) else 7, compiled))
+        repeats = 1 if quick or (p != "fp32" and not native) else 7
+        rows.append(inference_throughput(p, batches, repeats, compiled, pooling))
     return rows
 
 
