@@ -8,6 +8,8 @@ same batches.
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
     python benchmarks/speed.py --inference_only --compiled  # the same with every model torch.compile'd (serving)
+    python benchmarks/speed.py --compiled_training small bf16   # sinebert's step compiled against eager (pretrain.py
+                                                                # --torch_compile); prints only
     python benchmarks/speed.py --name speed_h200    # results under another name (another machine's)
     python benchmarks/speed.py --kernels    # full attention alone: PyTorch's SDPA against sinebert's matmul kernel;
                                             # and the bf16 softmax and products that unpadding rounds up for
@@ -237,6 +239,30 @@ def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> 
         result[f"{name}_gflops"] = flops / 1e9
     against_fastest_peer(result, ("sinebert", "sinebert_dropping"))
     return result
+
+
+def compiled_training(size: str, precision: str, steps: int, warmup: int = 8) -> dict:
+    """Seconds a step of sinebert's pretraining model under `torch.compile` (as `scripts/pretrain.py --torch_compile`
+    runs it) and eager, same weights: `warmup` compiled steps on batches of new masked counts, then `steps` of each
+    interleaved, twice over the same batches, gradients clipped at 1.0 as the recipe does."""
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = SineBertForMaskedLM(sinebert_config(size)).to(DEVICE)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    (eager, eager_optimizer), (compiled, compiled_optimizer) = model_and_optimizer(), model_and_optimizer()
+    compiled = torch.compile(compiled)
+    generator = torch.Generator().manual_seed(0)
+    batches = [masked_batch(generator) for _ in range(warmup + steps)]
+    result = {"compile_seconds": seconds_of(lambda: [train_step(compiled, compiled_optimizer, batch, precision, 1.0)
+                                                     for batch in batches[:warmup]])}
+    for batch in batches[:2]:
+        train_step(eager, eager_optimizer, batch, precision, 1.0)
+    times = {"eager": [], "compiled": []}
+    for batch in batches[warmup:] * 2:
+        for name, model, optimizer in (("eager", eager, eager_optimizer), ("compiled", compiled, compiled_optimizer)):
+            times[name].append(seconds_of(lambda: train_step(model, optimizer, batch, precision, 1.0)))
+    return result | {f"{name}_seconds": statistics.median(times[name]) for name in times}
 
 
 def sst2_dev() -> list[str]:
@@ -621,11 +647,18 @@ def main():
     parser.add_argument("--classifier_pooling", choices=("mean", "cls"), default="mean",
                         help="With --inference_only: sinebert's classifier pooling (default mean, as its checkpoints "
                              "say; cls computes the last layer at the first token only).")
+    parser.add_argument("--compiled_training", nargs=2, metavar=("SIZE", "PRECISION"),
+                        help="sinebert's pretraining step under torch.compile against eager; print only.")
     parser.add_argument("--kernels", action="store_true",
                         help="Time the full-attention kernels alone, and the bf16 roundings; print only.")
     args = parser.parse_args()
     if args.kernels:
         return print("\n".join(kernel_times() + [""] + rounding_times()))
+    if args.compiled_training:
+        size, precision = args.compiled_training
+        result = compiled_training(size, precision, steps=2 if args.quick else 12, warmup=2 if args.quick else 8)
+        return print(f"{size} {precision}: compiled {result['compiled_seconds']:.4f} s a step, eager "
+                     f"{result['eager_seconds']:.4f} (first steps, compiling: {result['compile_seconds']:.0f} s)")
     if args.profile:
         return profile_inference(inference_batches(sst2_dev()))
     # bf16 runs in software on CPUs without bf16 instructions (on the AVX2-only AMD machine a bf16 step took 30x an
