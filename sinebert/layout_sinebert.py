@@ -109,7 +109,10 @@ class AttentionBucket(NamedTuple):
     values with each sequence's tokens at the front of its own row; the queries are the grid's first `q_seq` columns,
     `q_seq` being the longest sequence."""
 
-    rows: slice  # their rows in the `(n_real, ...)` layout of TokenRows
+    # Their rows in the `(n_real, ...)` layout of TokenRows: n_rows from first_row on. (Two ints, not a slice: under
+    # torch.compile a slice of dynamic sizes would fix them to this batch's values.)
+    first_row: int
+    n_rows: int
     # (batch, k_seq) the row of `(n_real, ...)` at each place of the grid. Places past a sequence's end repeat a real
     # row of the bucket: they are masked as keys and dropped as queries, so nothing needs zeroing.
     grid: torch.Tensor
@@ -125,6 +128,10 @@ class AttentionBucket(NamedTuple):
     # gathering whole rows and copying each head out; in fp32 twice the time of gathering whole rows.)
     head_rows: torch.Tensor | None
     head_slots: torch.Tensor | None
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.first_row, self.first_row + self.n_rows)
 
 
 def attention_buckets(
@@ -156,27 +163,54 @@ def attention_buckets(
     splits = [runs(count) for count in range(1, MAX_BUCKETS + 1)]
     costs = [cost(split) for split in splits]  # (not min(key=...), which torch.compile warns about)
     buckets, start, first = [], 0, 0  # (first: the run's first sequence)
-    head = None  # arange(heads), made for the first bucket that reads heads
     for run in splits[costs.index(min(costs))]:
-        # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
-        # were added to the embeddings), so where the padding was (left or right) does not matter.
-        counts = on_device[first : first + len(run), None]  # (batch, 1)
-        starts = start + counts.cumsum(0) - counts  # (batch, 1) the row of each sequence's first token
-        columns = torch.arange(keys(run), device=on_device.device)  # (k_seq,)
-        real = columns < counts  # (batch, k_seq)
-        grid = torch.where(real, starts + columns, start)
-        mask = None if run[-1] == keys(run) else real[:, None, None, :]  # (the shortest fills every key)
-        row, column = torch.nonzero_static(real[:, : run[0]], size=sum(run)).unbind(1)  # (its rows,) each
-        head_rows = head_slots = None
-        if per_head is not None and per_head(len(run) * heads * run[0] * keys(run)):
-            head = torch.arange(heads, device=on_device.device) if head is None else head
-            queries = _head_rows(grid[:, : run[0]], 0, head)
-            head_rows = torch.cat([queries, *(_head_rows(grid, part, head) for part in (1, 2))])  # then keys, values
-            head_slots = ((row[:, None] * heads + head) * run[0] + column[:, None]).flatten()  # (its rows, heads)
-        buckets.append(AttentionBucket(slice(start, start + sum(run)), grid, run[0], mask, row * run[0] + column,
-                                       head_rows, head_slots))
+        full = run[-1] == keys(run)  # the shortest fills every key
+        buckets.append(_bucket(on_device, start, first, len(run), run[0], sum(run), keys(run), full, heads, per_head))
         start, first = start + sum(run), first + len(run)
     return tuple(buckets)
+
+
+def one_bucket(
+    on_device: torch.Tensor, sequences: int, longest: int, total: int, heads: int, key_multiple: int = 1,
+    per_head: Callable[[int], bool] | None = None,
+) -> tuple[AttentionBucket, ...]:
+    """Every sequence in one bucket, from three totals: the sequences with tokens, the longest and the tokens. What
+    `torch.compile` runs: choosing buckets from each length would make dynamo guard on every length and compile the
+    pass again for each new batch; three sizes become dynamic after the first recompile."""
+    if not sequences:
+        return ()
+    keys = -(-longest // key_multiple) * key_multiple
+    return (_bucket(on_device, 0, 0, sequences, longest, total, keys, False, heads, per_head),)
+
+
+def _bucket(
+    on_device: torch.Tensor, start: int, first: int, count: int, longest: int, total: int, keys: int, full: bool,
+    heads: int, per_head: Callable[[int], bool] | None,
+) -> AttentionBucket:
+    """The bucket of the `count` sequences from `first` on (lengths `on_device`, longest first), whose `total` rows
+    start at row `start`: a grid of `keys` columns, its queries the first `longest`; `full`: every sequence fills
+    every key (no mask)."""
+    # Each sequence's tokens move to the front of its row: full attention does not see positions (the sinusoids
+    # were added to the embeddings), so where the padding was (left or right) does not matter.
+    counts = on_device[first : first + count, None]  # (batch, 1)
+    starts = start + counts.cumsum(0) - counts  # (batch, 1) the row of each sequence's first token
+    columns = torch.arange(keys, device=on_device.device)  # (k_seq,)
+    real = columns < counts  # (batch, k_seq)
+    grid = torch.where(real, starts + columns, start)
+    mask = None if full else real[:, None, None, :]
+    row, column = torch.nonzero_static(real[:, :longest], size=total).unbind(1)  # (its rows,) each
+    head_rows = head_slots = None
+    if per_head is not None and per_head(count * heads * longest * keys):
+        head = torch.arange(heads, device=on_device.device)
+        queries = _head_rows(grid[:, :longest], 0, head)
+        head_rows = torch.cat([queries, *(_head_rows(grid, part, head) for part in (1, 2))])  # then keys, values
+        head_slots = ((row[:, None] * heads + head) * longest + column[:, None]).flatten()  # (its rows, heads)
+    return AttentionBucket(start, total, grid, longest, mask, row * longest + column, head_rows, head_slots)
+
+
+def _totals(counts: torch.Tensor) -> list[int]:
+    """`(batch,)` counts of tokens -> [tokens, the longest, the sequences with tokens], in one read."""
+    return torch.stack([counts.sum(), counts.max(), counts.count_nonzero()]).tolist()
 
 
 def _head_rows(grid: torch.Tensor, part: int, head: torch.Tensor) -> torch.Tensor:
@@ -221,23 +255,29 @@ class TokenRows(NamedTuple):
         """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
         `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS; `packed`: the sequences'
         boundaries instead of buckets; `lengths`: each row's count of True places where the caller has read them
-        (else they are read here: every size below comes from that one read); `heads` and `per_head`: as
-        `attention_buckets` takes them."""
+        (else they are read here: every size below comes from that one read; under torch.compile three totals,
+        `one_bucket`); `heads` and `per_head`: as `attention_buckets` takes them."""
         real = attention_mask.bool()
         counts = real.sum(1)  # (batch,)
         order = torch.argsort(counts, descending=True, stable=True)
         sorted_lengths = counts[order]  # (batch,) longest first
-        on_host = sorted(counts.tolist() if lengths is None else lengths, reverse=True)
+        if torch.compiler.is_compiling():  # three totals, one bucket (see `one_bucket`)
+            n_real, longest, sequences = _totals(counts)
+        else:
+            on_host = sorted(counts.tolist() if lengths is None else lengths, reverse=True)
+            n_real, longest, sequences = sum(on_host), on_host[0] if on_host else 0, sum(1 for n in on_host if n)
         positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
-        n_real = sum(on_host)
         layout = PaddedLayout.of(real, n_real, slots=positions.flatten()[nonzero(real[order], n_real)])
         fillers = -n_real % row_multiple if n_real >= FILLED_MIN_ROWS else 0
         rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
-        if not packed:
-            return cls(layout, attention_buckets(sorted_lengths, on_host, heads, key_multiple, per_head), rows)
-        nonempty = sorted_lengths[: sum(1 for n in on_host if n)]  # sequences without tokens left out
-        cu_seq_lens = torch.nn.functional.pad(nonempty.cumsum(0), (1, 0)).to(torch.int32)
-        return cls(layout, (), rows, Packing(cu_seq_lens, on_host[0] if on_host else 0))
+        if packed:
+            # The sequences without tokens left out.
+            cu_seq_lens = torch.nn.functional.pad(sorted_lengths[:sequences].cumsum(0), (1, 0)).to(torch.int32)
+            return cls(layout, (), rows, Packing(cu_seq_lens, longest))
+        if torch.compiler.is_compiling():
+            return cls(layout, one_bucket(sorted_lengths, sequences, longest, n_real, heads, key_multiple, per_head),
+                       rows)
+        return cls(layout, attention_buckets(sorted_lengths, on_host, heads, key_multiple, per_head), rows)
 
     @property
     def n_real(self) -> int:
@@ -508,7 +548,8 @@ class TokenLayout:
         # Each row's count of real tokens: the one read of the attention mask, for the padding mask and the rows.
         lengths = [shape[1]] * shape[0] if attention_mask is None else None
         if attention_mask is not None and attention_mask.dim() == 2 and not is_tracing():
-            lengths = attention_mask.bool().sum(1).tolist()
+            # (Not under torch.compile, which would guard on every length: the rows read three totals there.)
+            lengths = None if torch.compiler.is_compiling() else attention_mask.bool().sum(1).tolist()
         padded = None if lengths is None else any(n < shape[1] for n in lengths)
         self.masks = self._masks(config, attention_mask, shape[1], device, padded)
         self.packed = packed

@@ -468,6 +468,37 @@ def test_compiled_pretraining_steps_compile_for_the_first_new_sizes_only_and_mat
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_compiled_fine_tuning_compiles_once_for_new_padding_and_matches_eager(pooling):
+    """--torch_compile's fine-tuning: each padded batch has new lengths. Under compile the unpadded rows read three
+    totals and attend in one bucket, so a new batch takes them as dynamic sizes (one recompile); read one by one, as
+    eager reads them to choose its buckets, dynamo guarded on every length and compiled again for each batch. The
+    eager model (several buckets) is the reference, with the loss and the gradients."""
+    import torch._dynamo
+
+    config = tiny_config(num_labels=2, classifier_pooling=pooling, position_embedding_type="rotary")
+    torch.manual_seed(0)
+    model, reference = SineBertForSequenceClassification(config).train(), SineBertForSequenceClassification(config)
+    reference.load_state_dict(model.state_dict())
+    reference.train()
+    generator = torch.Generator().manual_seed(1)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    with torch._dynamo.config.patch(recompile_limit=4, fail_on_recompile_limit_hit=True):
+        for seq in (13, 10, 11, 16, 9, 16, 12, 14):
+            lengths = torch.randint(2, seq + 1, (6,), generator=generator)
+            lengths[0] = seq  # (the batch is padded to its longest)
+            inputs = dict(input_ids=torch.randint(5, 99, (6, seq), generator=generator),
+                          attention_mask=(torch.arange(seq)[None] < lengths[:, None]).long(),
+                          labels=torch.tensor([0, 1, 1, 0, 1, 0]))
+            loss, expected = compiled(**inputs).loss, reference(**inputs).loss
+            torch.testing.assert_close(loss, expected)
+            (loss + expected).backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("cls", ALL_HEADS[1:])
 def test_unpadded_fast_path_matches_the_reference_in_every_head_and_its_gradients(cls, positions):
