@@ -328,6 +328,9 @@ def inference_throughput(precision: str, batches: list, repeats: int, compiled: 
         freezing = inductor.patch(freezing=True)
     with torch.no_grad(), autocast(precision), freezing:
         if compiled:
+            # The models share code objects (transformers' output wrapper): without a reset, the second precision's
+            # graphs would pass dynamo's limit of 8 per code object and run eager.
+            torch._dynamo.reset()
             contenders = {name: torch.compile(model, dynamic=True) for name, model in contenders.items()}
             result["compile_seconds"] = {name: timed_pass(model, inputs[name]) for name, model in contenders.items()}
         for repeat in range(repeats + 1):

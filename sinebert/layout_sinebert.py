@@ -3,8 +3,8 @@
 A padded `(batch, seq)` batch loses its padding before the layers (Portes et al., 2023, MosaicBERT; ModernBERT): the
 embeddings, projections, feed-forward layers and LayerNorms run on the `(n_real + fillers, hidden)` rows of the real
 tokens, so mixed-length batches spend no work on padding. Full attention runs on the rows packed one after another
-("varlen", on a GPU) or on buckets of sequences of similar length; sliding-window attention puts the rows back into
-the padded batch, whose positions its windows count.
+("varlen", on a GPU) or on buckets of sequences of similar length (one bucket under torch.compile); sliding-window
+attention puts the rows back into the padded batch, whose positions its windows count.
 Two more choices of rows ride on the same layout: the last layer computes only the rows a head reads
 (`output_mask`), and the layers of token dropping only the kept tokens (`kept_tokens`, Hou et al., 2022).
 
@@ -208,11 +208,6 @@ def _bucket(
     return AttentionBucket(start, total, grid, longest, mask, row * longest + column, head_rows, head_slots)
 
 
-def _totals(counts: torch.Tensor) -> list[int]:
-    """`(batch,)` counts of tokens -> [tokens, the longest, the sequences with tokens], in one read."""
-    return torch.stack([counts.sum(), counts.max(), counts.count_nonzero()]).tolist()
-
-
 def _head_rows(grid: torch.Tensor, part: int, head: torch.Tensor) -> torch.Tensor:
     """`(batch, columns)` rows of tokens -> `(batch * heads * columns,)` rows of their part (0 query, 1 key, 2 value)
     of each head (`head`: `arange(heads)`) in the fused projection viewed as `(rows * 3 * heads, head_dim)`, in (batch,
@@ -262,7 +257,7 @@ class TokenRows(NamedTuple):
         order = torch.argsort(counts, descending=True, stable=True)
         sorted_lengths = counts[order]  # (batch,) longest first
         if torch.compiler.is_compiling():  # three totals, one bucket (see `one_bucket`)
-            n_real, longest, sequences = _totals(counts)
+            n_real, longest, sequences = torch.stack([counts.sum(), counts.max(), counts.count_nonzero()]).tolist()
         else:
             on_host = sorted(counts.tolist() if lengths is None else lengths, reverse=True)
             n_real, longest, sequences = sum(on_host), on_host[0] if on_host else 0, sum(1 for n in on_host if n)
