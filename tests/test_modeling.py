@@ -441,31 +441,38 @@ def test_torch_compile_with_freezing_serves_padded_batches_of_new_lengths_as_the
                                        eager(input_ids=ids, attention_mask=mask).logits, atol=1e-4, rtol=1e-4)
 
 
-def test_compiled_pretraining_steps_compile_for_the_first_new_sizes_only_and_match_eager():
-    """--torch_compile's training: each step masks a new number of tokens, which the masked-only head reads. The
-    compiled model must take new counts as dynamic sizes (one recompile), not compile again for every count: a
-    frame that needs more than 4 graphs fails here, as the head did while the chunked cross-entropy's loop fixed its
-    trip count. Dynamo's capture alone (backend "eager"): inductor's code generation takes a minute here."""
+def _assert_compiled_steps_match_eager(model: torch.nn.Module, reference: torch.nn.Module, batches: list[dict]):
+    """Runs `model` under torch.compile and `reference` eager, from the same weights, on `batches` with dynamo held to
+    4 graphs a frame: a frame that compiles again for each batch fails. Their losses and gradients must match.
+    Dynamo's capture alone (backend "eager"): inductor's code generation takes a minute here."""
     import torch._dynamo
 
-    torch.manual_seed(0)
-    model = SineBertForMaskedLM(tiny_config(sparse_prediction=True)).train()
-    reference = SineBertForMaskedLM(tiny_config(sparse_prediction=True)).train()
     reference.load_state_dict(model.state_dict())
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="eager")
+    compiled = torch.compile(model.train(), backend="eager")
     with torch._dynamo.config.patch(recompile_limit=4, fail_on_recompile_limit_hit=True):
-        for count in (10, 13, 17, 21, 25, 30, 34, 41):
-            ids = torch.randint(5, 99, (4, 16))
-            labels = torch.full_like(ids, -100).flatten()
-            labels[torch.randperm(64)[:count]] = 7
-            inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels.view(4, 16))
-            loss, expected = compiled(**inputs).loss, reference(**inputs).loss
+        for inputs in batches:
+            loss, expected = compiled(**inputs).loss, reference.train()(**inputs).loss
             torch.testing.assert_close(loss, expected)
             (loss + expected).backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
     torch._dynamo.reset()
+
+
+def test_compiled_pretraining_steps_compile_for_the_first_new_sizes_only_and_match_eager():
+    """--torch_compile's training: each step masks a new number of tokens, which the masked-only head reads. The
+    compiled model must take new counts as dynamic sizes (one recompile), not compile again for every count, as the
+    head did while the chunked cross-entropy's loop fixed its trip count."""
+    torch.manual_seed(0)
+    model, reference = (SineBertForMaskedLM(tiny_config(sparse_prediction=True)) for _ in range(2))
+    batches = []
+    for count in (10, 13, 17, 21, 25, 30, 34, 41):
+        ids = torch.randint(5, 99, (4, 16))
+        labels = torch.full_like(ids, -100).flatten()
+        labels[torch.randperm(64)[:count]] = 7
+        batches.append(dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels.view(4, 16)))
+    _assert_compiled_steps_match_eager(model, reference, batches)
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
@@ -473,30 +480,19 @@ def test_compiled_fine_tuning_compiles_once_for_new_padding_and_matches_eager(po
     """--torch_compile's fine-tuning: each padded batch has new lengths. Under compile the unpadded rows read three
     totals and attend in one bucket, so a new batch takes them as dynamic sizes (one recompile); read one by one, as
     eager reads them to choose its buckets, dynamo guarded on every length and compiled again for each batch. The
-    eager model (several buckets) is the reference, with the loss and the gradients."""
-    import torch._dynamo
-
+    eager model (several buckets) is the reference."""
     config = tiny_config(num_labels=2, classifier_pooling=pooling, position_embedding_type="rotary")
     torch.manual_seed(0)
-    model, reference = SineBertForSequenceClassification(config).train(), SineBertForSequenceClassification(config)
-    reference.load_state_dict(model.state_dict())
-    reference.train()
+    model, reference = (SineBertForSequenceClassification(config) for _ in range(2))
     generator = torch.Generator().manual_seed(1)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="eager")
-    with torch._dynamo.config.patch(recompile_limit=4, fail_on_recompile_limit_hit=True):
-        for seq in (13, 10, 11, 16, 9, 16, 12, 14):
-            lengths = torch.randint(2, seq + 1, (6,), generator=generator)
-            lengths[0] = seq  # (the batch is padded to its longest)
-            inputs = dict(input_ids=torch.randint(5, 99, (6, seq), generator=generator),
-                          attention_mask=(torch.arange(seq)[None] < lengths[:, None]).long(),
-                          labels=torch.tensor([0, 1, 1, 0, 1, 0]))
-            loss, expected = compiled(**inputs).loss, reference(**inputs).loss
-            torch.testing.assert_close(loss, expected)
-            (loss + expected).backward()
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=name)
-    torch._dynamo.reset()
+    batches = []
+    for seq in (13, 10, 11, 16, 9, 16, 12, 14):
+        lengths = torch.randint(2, seq + 1, (6,), generator=generator)
+        lengths[0] = seq  # (the batch is padded to its longest)
+        batches.append(dict(input_ids=torch.randint(5, 99, (6, seq), generator=generator),
+                            attention_mask=(torch.arange(seq)[None] < lengths[:, None]).long(),
+                            labels=torch.tensor([0, 1, 1, 0, 1, 0])))
+    _assert_compiled_steps_match_eager(model, reference, batches)
 
 
 @pytest.mark.parametrize("positions", ["absolute", "rotary"])
