@@ -8,8 +8,8 @@ same batches.
     python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
     python benchmarks/speed.py --inference_only --compiled  # the same with every model torch.compile'd (serving)
-    python benchmarks/speed.py --compiled_training small bf16   # sinebert's step compiled against eager (pretrain.py
-                                                                # --torch_compile); prints only
+    python benchmarks/speed.py --compiled_training small bf16 mlm   # sinebert's training step compiled against
+                                    # eager (--torch_compile), pretraining or classification fine-tuning; prints only
     python benchmarks/speed.py --name speed_h200    # results under another name (another machine's)
     python benchmarks/speed.py --kernels    # full attention alone: PyTorch's SDPA against sinebert's matmul kernel;
                                             # and the bf16 softmax and products that unpadding rounds up for
@@ -241,19 +241,25 @@ def train_throughput(size: str, precision: str, steps: int, warmup: int = 2) -> 
     return result
 
 
-def compiled_training(size: str, precision: str, steps: int, warmup: int = 8) -> dict:
-    """Seconds a step of sinebert's pretraining model under `torch.compile` (as `scripts/pretrain.py --torch_compile`
-    runs it) and eager, same weights: `warmup` compiled steps on batches of new masked counts, then `steps` of each
-    interleaved, twice over the same batches, gradients clipped at 1.0 as the recipe does."""
+def compiled_training(size: str, precision: str, steps: int, warmup: int = 8, task: str = "mlm") -> dict:
+    """Seconds a training step of sinebert under `torch.compile` (as the scripts' --torch_compile runs it) and eager,
+    same weights: `warmup` compiled steps, then `steps` of each interleaved, twice over the same batches, gradients
+    clipped at 1.0. `task` "mlm": the pretraining model on batches of new masked counts; "classification": the
+    classifier a fine-tuning run makes, on SST-2 dev's padded batches of 32 (new lengths each)."""
     def model_and_optimizer():
         torch.manual_seed(0)
-        model = SineBertForMaskedLM(sinebert_config(size)).to(DEVICE)
+        model = (SineBertForMaskedLM(sinebert_config(size)) if task == "mlm"
+                 else models(size, task="classification")[0]).to(DEVICE)
         return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     (eager, eager_optimizer), (compiled, compiled_optimizer) = model_and_optimizer(), model_and_optimizer()
     compiled = torch.compile(compiled)
     generator = torch.Generator().manual_seed(0)
-    batches = [masked_batch(generator) for _ in range(warmup + steps)]
+    if task == "mlm":
+        batches = [masked_batch(generator) for _ in range(warmup + steps)]
+    else:
+        batches = [dict(batch, labels=torch.randint(2, (len(batch["input_ids"]),), generator=generator).to(DEVICE))
+                   for batch in inference_batches(sst2_dev())[: warmup + steps]]
     result = {"compile_seconds": seconds_of(lambda: [train_step(compiled, compiled_optimizer, batch, precision, 1.0)
                                                      for batch in batches[:warmup]])}
     for batch in batches[:2]:
@@ -650,17 +656,20 @@ def main():
     parser.add_argument("--classifier_pooling", choices=("mean", "cls"), default="mean",
                         help="With --inference_only: sinebert's classifier pooling (default mean, as its checkpoints "
                              "say; cls computes the last layer at the first token only).")
-    parser.add_argument("--compiled_training", nargs=2, metavar=("SIZE", "PRECISION"),
-                        help="sinebert's pretraining step under torch.compile against eager; print only.")
+    parser.add_argument("--compiled_training", nargs=3, metavar=("SIZE", "PRECISION", "TASK"),
+                        help="sinebert's training step (TASK mlm or classification) under torch.compile against "
+                             "eager; print only.")
     parser.add_argument("--kernels", action="store_true",
                         help="Time the full-attention kernels alone, and the bf16 roundings; print only.")
     args = parser.parse_args()
     if args.kernels:
         return print("\n".join(kernel_times() + [""] + rounding_times()))
     if args.compiled_training:
-        size, precision = args.compiled_training
-        result = compiled_training(size, precision, steps=2 if args.quick else 12, warmup=2 if args.quick else 8)
-        return print(f"{size} {precision}: compiled {result['compiled_seconds']:.4f} s a step, eager "
+        size, precision, task = args.compiled_training
+        if task not in ("mlm", "classification"):
+            parser.error(f"--compiled_training TASK is mlm or classification, got {task}.")
+        result = compiled_training(size, precision, 2 if args.quick else 12, 2 if args.quick else 8, task)
+        return print(f"{size} {precision} {task}: compiled {result['compiled_seconds']:.4f} s a step, eager "
                      f"{result['eager_seconds']:.4f} (first steps, compiling: {result['compile_seconds']:.0f} s)")
     if args.profile:
         return profile_inference(inference_batches(sst2_dev()))
