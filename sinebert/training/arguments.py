@@ -199,7 +199,9 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, learning_rate: fl
         help="Overrides the accelerate launcher's setting; bf16 works on CPU and GPU.",
     )
     group.add_argument("--gradient_checkpointing", action="store_true", help="Trade compute for activation memory.")
-    group.add_argument("--torch_compile", action="store_true", help="Compile the model with torch.compile.")
+    group.add_argument("--torch_compile", action="store_true",
+                       help="Compile the model with torch.compile. On 2 CPU cores it gained at most 2%% a step, "
+                            "after about a minute of compiling.")
     group.add_argument(
         "--adversarial_epsilon", type=float, default=None if adversarial_epsilon else 0.0,
         help="Also train on the word embeddings moved by this norm up the loss gradient (FGM); 0 disables it"
