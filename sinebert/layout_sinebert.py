@@ -256,7 +256,8 @@ class TokenRows(NamedTuple):
         counts = real.sum(1)  # (batch,)
         order = torch.argsort(counts, descending=True, stable=True)
         sorted_lengths = counts[order]  # (batch,) longest first
-        if torch.compiler.is_compiling():  # three totals, one bucket (see `one_bucket`)
+        compiling = torch.compiler.is_compiling()
+        if compiling:  # three totals, one bucket (see `one_bucket`)
             n_real, longest, sequences = torch.stack([counts.sum(), counts.max(), counts.count_nonzero()]).tolist()
         else:
             on_host = sorted(counts.tolist() if lengths is None else lengths, reverse=True)
@@ -269,10 +270,11 @@ class TokenRows(NamedTuple):
             # The sequences without tokens left out.
             cu_seq_lens = torch.nn.functional.pad(sorted_lengths[:sequences].cumsum(0), (1, 0)).to(torch.int32)
             return cls(layout, (), rows, Packing(cu_seq_lens, longest))
-        if torch.compiler.is_compiling():
-            return cls(layout, one_bucket(sorted_lengths, sequences, longest, n_real, heads, key_multiple, per_head),
-                       rows)
-        return cls(layout, attention_buckets(sorted_lengths, on_host, heads, key_multiple, per_head), rows)
+        if compiling:
+            buckets = one_bucket(sorted_lengths, sequences, longest, n_real, heads, key_multiple, per_head)
+        else:
+            buckets = attention_buckets(sorted_lengths, on_host, heads, key_multiple, per_head)
+        return cls(layout, buckets, rows)
 
     @property
     def n_real(self) -> int:
