@@ -142,11 +142,18 @@ def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert
                                                    "attention_probs_dropout_prob": bert_dropout}
         theirs = BertForMaskedLM(BertConfig(**dims, **dropout, attn_implementation=bert_attention))
     else:
-        pretrained = {key: value for key, value in pretraining_settings().items() if key != "sparse_prediction"}
-        config = SineBertConfig(**dims, **pretrained, classifier_pooling=pooling, num_labels=2)
-        ours = SineBertForSequenceClassification(config)
+        ours = sinebert_classifier(size, pooling)
         theirs = BertForSequenceClassification(BertConfig(**dims, num_labels=2, attn_implementation=bert_attention))
     return ours.to(DEVICE), theirs.to(DEVICE)
+
+
+def sinebert_classifier(size: str, pooling: str = "mean") -> SineBertForSequenceClassification:
+    """sinebert's classifier at `size` in the architecture it was pretrained with (pre-LN, rotary positions), reading
+    its token vectors by `pooling`, two labels."""
+    pretrained = {key: value for key, value in pretraining_settings().items() if key != "sparse_prediction"}
+    return SineBertForSequenceClassification(
+        SineBertConfig(**dims_of(size), **pretrained, classifier_pooling=pooling, num_labels=2)
+    )
 
 
 def modernbert_config(size: str | dict, attention: str = "sdpa", vocab_size: int = VOCAB, **extra) -> ModernBertConfig:
@@ -248,8 +255,7 @@ def compiled_training(size: str, precision: str, steps: int, warmup: int = 8, ta
     classifier a fine-tuning run makes, on SST-2 dev's padded batches of 32 (new lengths each)."""
     def model_and_optimizer():
         torch.manual_seed(0)
-        model = (SineBertForMaskedLM(sinebert_config(size)) if task == "mlm"
-                 else models(size, task="classification")[0]).to(DEVICE)
+        model = (SineBertForMaskedLM(sinebert_config(size)) if task == "mlm" else sinebert_classifier(size)).to(DEVICE)
         return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     (eager, eager_optimizer), (compiled, compiled_optimizer) = model_and_optimizer(), model_and_optimizer()
