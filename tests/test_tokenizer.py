@@ -121,6 +121,17 @@ def test_a_folder_another_job_holds_is_refused_before_training(corpus, tmp_path,
     assert sorted(p.name for p in out.iterdir()) == [".sinebert.lock"]  # the holder's file, untouched
 
 
+def test_a_system_without_flock_is_refused_before_anything_is_written(corpus, tmp_path, capsys, monkeypatch):
+    """Windows has no fcntl: one sentence that says where the scripts run, not a ModuleNotFoundError."""
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` now fails as it does there
+    out = tmp_path / "tok"
+    message = user_error(capsys, train_tokenizer, ["--train_file", corpus / "part1.txt", "--output_dir", out])
+    assert message == (f"error: --output_dir {out} cannot be locked for this job: the lock is POSIX's flock, which "
+                       f"this system ({sys.platform}) lacks; run sinebert's scripts on Linux or macOS, or under WSL 2 "
+                       "on Windows.")
+    assert not out.exists()
+
+
 def test_a_full_disk_while_saving_is_one_sentence_and_leaves_no_partial_tokenizer(corpus, tmp_path, capsys,
                                                                                    monkeypatch):
     """The last file written (tokenizer_training.json) fails as on a full disk: nothing reaches the folder, which the

@@ -1,6 +1,7 @@
 """One job per output folder: an exclusive lock that the kernel releases with the process."""
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -48,6 +49,11 @@ class RunLock:
 def take_folder(output: Path) -> str | None:
     """Create `output` if need be (a run that then fails removes it again) and lock it for this process: None once it
     is this job's, else the sentence that refuses it."""
+    try:
+        import fcntl  # noqa: F401
+    except ModuleNotFoundError:  # Windows: before anything is written, rather than a traceback from RunLock.take
+        return (f"--output_dir {output} cannot be locked for this job: the lock is POSIX's flock, which this system "
+                f"({sys.platform}) lacks; run sinebert's scripts on Linux or macOS, or under WSL 2 on Windows.")
     try:
         make_folder(output)
     except OSError:
