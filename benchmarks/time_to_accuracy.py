@@ -9,15 +9,15 @@ The question of issue 32: does sinebert reach, in half the time, the held-out ma
 reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
 sinebert with a GLU feed-forward of the same FLOPs (`mlp_type="glu"`, width 2/3 of the recipe's, as ModernBERT's) and,
 if asked, sinebert with token dropping, with the mimetic attention initialisation (`sinebert_mimetic_init`, the recipe's
-before 2026-12-04), without biases (`sinebert_no_bias`) or trained with Muon (`sinebert_muon`, `--optim muon`) get half
-as many. Every model has the same size as the cram's (hidden 256, 4 layers, vocabulary 16,000, blocks of 128 tokens,
-global batch 32), sees the same batches in the same order with the same masks, and trains with the cram's optimizer
-settings (AdamW, or `--optim muon`'s split for `sinebert_muon`; peak learning rate 1e-3 or `--learning_rate`,
-betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs
-on each model's own training clock, so each model's learning rate reaches 0 exactly when its budget is spent, on
-whatever machine. The models take turns: the one that has used the smallest share of its budget steps next, so a slow
-minute of a shared host falls on all of them alike. Evaluation (on 256 blocks of the cram's held-out lines, fixed
-masks) is not on the clock.
+before 2026-12-04), without biases (`sinebert_no_bias`), trained with Muon (`sinebert_muon`, `--optim muon`) or with
+Muon and token dropping (`sinebert_muon_dropping`) get half as many. Every model has the same size as the cram's (hidden
+256, 4 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same order with
+the same masks, and trains with the cram's optimizer settings (AdamW, or `--optim muon`'s split for the Muon ones; peak
+learning rate 1e-3 or `--learning_rate`, betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then
+linear decay to 0). The schedule runs on each model's own training clock, so each model's learning rate reaches 0
+exactly when its budget is spent, on whatever machine. The models take turns: the one that has used the smallest share
+of its budget steps next, so a slow minute of a shared host falls on all of them alike. Evaluation (on 256 blocks of the
+cram's held-out lines, fixed masks) is not on the clock.
 
 sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT
 is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's feed-forward),
@@ -46,7 +46,8 @@ from recipes import cram_data  # noqa: E402
 from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
 from sinebert.training.loop import cpu_has_native_bf16, muon_iteration_dtype  # noqa: E402
 from sinebert.training.mlm import MaskingCollator, pack_texts  # noqa: E402
-from sinebert.training.optimizer import MUON_LEARNING_RATE_RATIO, MuonWithAdamW, takes_muon  # noqa: E402
+from sinebert.training.optimizer import (MUON_LEARNING_RATE_RATIO, MuonWithAdamW, fused_row_blocks,  # noqa: E402
+                                         row_blocks_of, takes_muon)
 from sinebert.training.tokenizer import train_wordpiece  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -63,7 +64,12 @@ CONTENDERS = (("modernbert", "ModernBERT", 1.0), ("sinebert", "sinebert", 0.5),
               ("sinebert_dropping", "sinebert, token dropping", 0.5),
               ("sinebert_mimetic_init", "sinebert, mimetic attention init", 0.5),
               ("sinebert_no_bias", "sinebert, no biases", 0.5),
-              ("sinebert_muon", "sinebert, Muon", 0.5))
+              ("sinebert_muon", "sinebert, Muon", 0.5),
+              ("sinebert_muon_dropping", "sinebert, Muon and token dropping", 0.5),
+              ("sinebert_muon_fused", "sinebert, Muon on the fused query-key-value", 0.5))
+# The contenders trained with `--optim muon`; the last orthogonalises each layer's query, key and value projections
+# as one matrix, as `--optim muon` did before 2026-12-06.
+MUON = ("sinebert_muon", "sinebert_muon_dropping", "sinebert_muon_fused")
 DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 # Three layers: token dropping leaves out the first and the last.
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
@@ -107,11 +113,12 @@ class Contender:
 
 
 def optimizer_of(name: str, model: torch.nn.Module, peak: float) -> torch.optim.Optimizer:
-    """The cram's AdamW (its param group's schedule `peak` the contender's), or for "sinebert_muon" `--optim muon`'s
+    """The cram's AdamW (its param group's schedule `peak` the contender's), or for those in MUON `--optim muon`'s
     MuonWithAdamW: Muon on the matrices `takes_muon` picks at MUON_LEARNING_RATE_RATIO x the peak, AdamW on the rest,
-    iterating in the dtype the Trainer would pick on the model's device."""
+    iterating in the dtype the Trainer would pick on the model's device, each fused projection's blocks on their own
+    but for "sinebert_muon_fused"."""
     settings = {"weight_decay": WEIGHT_DECAY, "lr": 0.0}
-    if name != "sinebert_muon":
+    if name not in MUON:
         return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak, **settings}], betas=BETAS,
                                  fused=True)
     iteration_dtype, _ = muon_iteration_dtype(next(model.parameters()).device)
@@ -120,7 +127,9 @@ def optimizer_of(name: str, model: torch.nn.Module, peak: float) -> torch.optim.
         (matrices if takes_muon(parameter_name, p, model.config.num_hidden_layers) else rest).append(p)
     return MuonWithAdamW([{"params": rest, "peak": peak, **settings}],
                          [{"params": matrices, "peak": MUON_LEARNING_RATE_RATIO * peak, **settings}],
-                         betas=BETAS, eps=1e-8, fused=True, muon={"iteration_dtype": iteration_dtype})
+                         betas=BETAS, eps=1e-8, fused=True,
+                         muon={"iteration_dtype": iteration_dtype, "row_blocks": row_blocks_of(
+                             [{"params": matrices}], {} if name == "sinebert_muon_fused" else fused_row_blocks(model))})
 
 
 def next_contender(contenders: list[Contender]) -> Contender | None:
@@ -161,14 +170,15 @@ def modernbert_attention(precision: str) -> str:
 
 def build(name: str, vocab: int, dims: dict, precision: str, attention: str = "sdpa", **overrides) -> torch.nn.Module:
     """ModernBERT (`name` "modernbert", under `attention`) or sinebert with the cram's pretraining settings, token
-    dropping for "sinebert_dropping", a GLU feed-forward for "sinebert_glu", the mimetic attention initialisation
-    for "sinebert_mimetic_init" (the recipe's before 2026-12-04), no biases for "sinebert_no_bias", and `overrides`
-    of them."""
+    dropping for "sinebert_dropping" and "sinebert_muon_dropping", a GLU feed-forward for "sinebert_glu", the mimetic
+    attention initialisation for "sinebert_mimetic_init" (the recipe's before 2026-12-04), no biases for
+    "sinebert_no_bias", and `overrides` of them."""
     torch.manual_seed(0)
     if name == "modernbert":
         config = speed.modernbert_config(dims, attention, vocab)
         return speed.ModernBertForMaskedLM(config).to(speed.DEVICE)
-    extra = {"sinebert_dropping": speed.TOKEN_DROPPING, "sinebert_glu": glu_settings(dims),
+    extra = {"sinebert_dropping": speed.TOKEN_DROPPING, "sinebert_muon_dropping": speed.TOKEN_DROPPING,
+             "sinebert_glu": glu_settings(dims),
              "sinebert_mimetic_init": {"attention_init": "mimetic"}, "sinebert_no_bias": {"bias": False}}.get(name, {})
     config = SineBertConfig(**dims | speed.pretraining_settings() | extra | overrides, vocab_size=vocab,
                             max_position_embeddings=512)
@@ -308,7 +318,7 @@ def plot(report: dict, path: Path):
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6.5, 4))
-    for (name, label), style in zip(contenders_in(report), ("d-", "s-", "^-", "o-", "v-")):
+    for (name, label), style in zip(contenders_in(report), ("d-", "s-", "^-", "o-", "v-", "x-", "+-")):
         points = report["curves"][name]["points"]
         axis.plot([p[0] / 60 for p in points], [100 * p[2] for p in points], style, label=label)
     axis.set_xlabel("training minutes (each model's own clock)")

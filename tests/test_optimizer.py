@@ -10,7 +10,7 @@ from transformers import get_scheduler
 
 from sinebert import SineBertForMaskedLM, SineBertForSequenceClassification
 from sinebert.training import optimizer as optimizers
-from sinebert.training.optimizer import build_optimizer, owners_of
+from sinebert.training.optimizer import build_optimizer, fused_row_blocks, iteration_cost, owners_of
 from sinebert.training.loop import setup_accelerator
 from tests.conftest import (classifier_step_setup, classifier_trainer, gradients_at_optimizer_step, load_script,
                             tiny_config)
@@ -169,8 +169,9 @@ def test_muon_split_across_data_parallel_processes_steps_as_one_process_does(tmp
     for name, dtype in DTYPES.items():
         one = _muon_steps(dtype=dtype)
         split = [load_file(tmp_path / f"{name}-{rank}") for rank in (0, 1)]
-        assert one["calls"] == 3 * (2 * 4 + 1)  # every step: two layers' four matrices and the head's transform
-        assert [s["calls"].item() for s in split] == [3 * 5, 3 * 4]  # each process its share of them
+        # Every step: two layers' six matrices (query, key and value apart) and the head's transform.
+        assert one["calls"] == 3 * (2 * 6 + 1)
+        assert sorted(s["calls"].item() for s in split) == [3 * 6, 3 * 7]  # each process its share of them
         for key, value in one.items():
             if key != "calls":
                 assert torch.equal(split[0][key], value) and torch.equal(split[1][key], value), (name, key)
@@ -202,6 +203,35 @@ def test_muon_in_bf16_steps_as_torchs_muon_does_and_in_float32_orthogonalises_mo
     assert 0 < (exact - rounded.float()).abs().max() < 0.05
 
 
+def test_muon_steps_each_projection_of_a_fused_weight_as_torchs_muon_steps_them_apart():
+    """A query-key-value weight is three matrices stacked: orthogonalised (and scaled) block by block, bit for bit
+    as torch's Muon steps three separate ones, and not as it steps the stack."""
+    torch.manual_seed(0)
+    fused = torch.nn.Parameter(torch.randn(3 * 8, 16))
+    apart = [torch.nn.Parameter(block.detach().clone()) for block in fused.split(8)]
+    stacked = torch.nn.Parameter(fused.detach().clone())
+    settings = dict(adjust_lr_fn="match_rms_adamw", lr=0.05, weight_decay=0.1)
+    ours = optimizers.Muon([fused], row_blocks=[3], **settings)
+    torchs, torchs_stacked = torch.optim.Muon(apart, **settings), torch.optim.Muon([stacked], **settings)
+    for step in range(3):
+        grad = torch.randn(fused.shape, generator=torch.Generator().manual_seed(step))
+        for param, block in ((fused, grad), (stacked, grad), *zip(apart, grad.split(8))):
+            param.grad = block.clone()
+        for optimizer in (ours, torchs, torchs_stacked):
+            optimizer.step()
+    assert torch.equal(fused, torch.cat(apart))
+    assert (fused - stacked).abs().max() > 1e-3
+
+
+def test_the_fused_weights_are_the_query_key_value_projections_and_a_glus_gate_and_value():
+    for mlp_type, fc1_blocks in (("mlp", None), ("glu", 2)):
+        model = SineBertForMaskedLM(tiny_config(num_hidden_layers=2, mlp_type=mlp_type))
+        blocks = {name: fused_row_blocks(model).get(p) for name, p in model.named_parameters()}
+        assert {name: n for name, n in blocks.items() if n} == {
+            **{f"sinebert.layers.{i}.attention.qkv_proj.weight": 3 for i in range(2)},
+            **({f"sinebert.layers.{i}.mlp.fc1.weight": fc1_blocks for i in range(2)} if fc1_blocks else {})}
+
+
 def test_the_trainer_iterates_in_bf16_only_where_the_hardware_multiplies_it_at_speed(monkeypatch):
     from sinebert.training import loop
 
@@ -214,17 +244,20 @@ def test_the_trainer_iterates_in_bf16_only_where_the_hardware_multiplies_it_at_s
     model = SineBertForMaskedLM(tiny_config())
     optimizer = build_optimizer(model, _args(optim="muon"), world_size=1, iteration_dtype=torch.float32)
     description = optimizers.describe_optimizer(optimizer, "this CPU has no bf16 matrix instructions")
-    assert description == ("Muon on 9 matrices (Newton-Schulz iterations in float32: this CPU has no bf16 matrix "
-                           "instructions), AdamW on the rest")
+    assert description == ("Muon on 9 matrices (Newton-Schulz iterations in float32, fused weights by their "
+                           "projections: this CPU has no bf16 matrix instructions), AdamW on the rest")
 
 
 def test_muon_shares_balance_the_orthogonalisation_work():
-    layer = [torch.Size(s) for s in ((768, 256), (256, 256), (1024, 256), (256, 1024))]
-    shapes = layer * 4 + [torch.Size((256, 256))]  # the cram's model: 4 layers and the head's transform
-    owners = owners_of(shapes, 2)
-    work = [sum(min(s) ** 2 * max(s) for s, o in zip(shapes, owners) if o == r) for r in (0, 1)]
+    # The cram's model: 4 layers (query, key and value as three 256 x 256 blocks) and the head's transform.
+    layer = [iteration_cost((256, 256), 3), iteration_cost((256, 256)), iteration_cost((1024, 256)),
+             iteration_cost((256, 1024))]
+    costs = layer * 4 + [iteration_cost((256, 256))]
+    owners = owners_of(costs, 2)
+    work = [sum(cost for cost, o in zip(costs, owners) if o == r) for r in (0, 1)]
     assert max(work) / min(work) < 1.05
     assert owners_of(layer, 1) == [0] * 4 and sorted(set(owners_of(layer, 3))) == [0, 1, 2]
+    assert iteration_cost((1024, 256)) == iteration_cost((256, 1024)) == 256**2 * 1024
 
 
 @pytest.mark.parametrize("max_grad_norm", [0.0, 1e-3, 1e3])

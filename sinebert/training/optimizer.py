@@ -77,7 +77,29 @@ def build_optimizer(model: nn.Module, args, *, rank: int = 0, world_size: int = 
     if not muon:
         return torch.optim.AdamW(adamw_groups, **adamw)
     return MuonWithAdamW(adamw_groups, muon_groups, **adamw,
-                         muon=dict(iteration_dtype=iteration_dtype, rank=rank, world_size=world_size))
+                         muon=dict(iteration_dtype=iteration_dtype, rank=rank, world_size=world_size,
+                                   row_blocks=row_blocks_of(muon_groups, fused_row_blocks(model))))
+
+
+def fused_row_blocks(model: nn.Module) -> dict[nn.Parameter, int]:
+    """The weight matrices that stack several projections by rows, and how many: each attention's query, key and value
+    (`qkv_proj`, 3) and a GLU's gate and value (`fc1` with `mlp_type="glu"`, 2). Muon orthogonalises each block on its
+    own, as if the projections were separate matrices: orthogonalised together, one projection's large gradient
+    directions would shrink the others' steps. Moonlight's and modded-nanogpt's authors found the split trains better;
+    at the cram's size it was a little ahead over 800 steps (docs/SPEED.md)."""
+    glu = getattr(model.config, "mlp_type", "mlp") == "glu"
+    blocks = {}
+    for name, parameter in model.named_parameters():
+        if name.endswith("qkv_proj.weight"):
+            blocks[parameter] = 3
+        elif glu and name.endswith("mlp.fc1.weight"):
+            blocks[parameter] = 2
+    return blocks
+
+
+def row_blocks_of(groups: list[dict], fused: dict[nn.Parameter, int]) -> list[int]:
+    """How many projections each parameter of `groups` stacks, in the groups' order: Muon's `row_blocks`."""
+    return [fused.get(param, 1) for group in groups for param in group["params"]]
 
 
 def describe_optimizer(optimizer: torch.optim.Optimizer, why: str) -> str:
@@ -146,8 +168,8 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon, with its Newton-Schulz iterations in `iteration_dtype` and split among data-parallel
-    processes.
+    """torch.optim.Muon, with its Newton-Schulz iterations in `iteration_dtype`, split among data-parallel processes,
+    and on each projection of a fused weight on its own.
 
     - torch iterates in bf16, which only a GPU from Ampere on or a CPU with bf16 matrix units (AMX, AMD's
       AVX512-BF16) multiplies at speed: on a CPU with AVX2 alone the iterations of the cram's model took 12 s a step
@@ -156,25 +178,33 @@ class Muon(torch.optim.Muon):
       gradients each orthogonalise their share of the matrices (`owners_of`), and one all-gather hands every process
       every update; torch's has each process iterate on every matrix. On 2 AVX2 cores in float32 the split took a
       step of the cram's model from 48% longer than AdamW's to 18% (docs/SPEED.md).
+    - A weight that stacks several projections by rows (`row_blocks`, one count per parameter in the groups' order:
+      `fused_row_blocks`) is orthogonalised and scaled block by block, as torch's would the separate matrices.
     Otherwise torch's arithmetic in torch's order (momentum, iterations, weight decay, step): in bf16 the parameters
     match torch's bit for bit, on one process or split (tests/test_optimizer.py)."""
 
     def __init__(self, params, iteration_dtype: torch.dtype = torch.bfloat16, rank: int = 0, world_size: int = 1,
-                 **settings):
+                 row_blocks: list[int] | None = None, **settings):
         super().__init__(params, **settings)
         self.iteration_dtype, self.rank, self.world_size = iteration_dtype, rank, world_size
+        # By position in the groups, as FSDP swaps the parameters for sharded ones in place; a property of the
+        # architecture, rebuilt alike on resume, so not in the state dict.
+        self.row_blocks = row_blocks
 
     def describe(self) -> str:
         split = f", split among {self.world_size} processes" if self.world_size > 1 else ""
-        return f"Newton-Schulz iterations in {str(self.iteration_dtype).removeprefix('torch.')}{split}"
+        apart = ", fused weights by their projections" if any(n > 1 for n in self.row_blocks or ()) else ""
+        return f"Newton-Schulz iterations in {str(self.iteration_dtype).removeprefix('torch.')}{split}{apart}"
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = loss_of(closure)
-        # (group, parameter, Nesterov momentum) of every matrix with a gradient: the same list on every process
-        todo = []
+        # (group, parameter, Nesterov momentum, row blocks) of every matrix with a gradient: the same list on every
+        # process
+        todo, blocks = [], iter(self._row_blocks())
         for group in self.param_groups:
             for param in group["params"]:
+                row_blocks = next(blocks)
                 if param.grad is None:
                     continue
                 state = self.state[param]
@@ -182,29 +212,39 @@ class Muon(torch.optim.Muon):
                     state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
                 buffer, momentum = state["momentum_buffer"], group["momentum"]
                 buffer.lerp_(param.grad, 1 - momentum)
-                todo.append((group, param, param.grad.lerp(buffer, momentum) if group["nesterov"] else buffer))
+                nesterov = param.grad.lerp(buffer, momentum) if group["nesterov"] else buffer
+                todo.append((group, param, nesterov, row_blocks))
         updates = self._orthogonalised(todo)
-        for (group, param, _), update in zip(todo, updates):
+        for (group, param, _, row_blocks), update in zip(todo, updates):
             lr = group["lr"]
             param.mul_(1 - lr * group["weight_decay"])
-            param.add_(update, alpha=-lr * update_scale(group["adjust_lr_fn"], param.shape))
+            param.add_(update, alpha=-lr * update_scale(group["adjust_lr_fn"], block_shape(param, row_blocks)))
         return loss
+
+    def _row_blocks(self) -> list[int]:
+        count = sum(len(group["params"]) for group in self.param_groups)
+        if self.row_blocks is None:
+            return [1] * count
+        if len(self.row_blocks) != count:
+            raise ValueError(f"Muon's row_blocks has {len(self.row_blocks)} entries for {count} parameters.")
+        return self.row_blocks
 
     def _orthogonalised(self, todo: list) -> list[torch.Tensor]:
         """Each matrix's orthogonalised update (its shape, in iteration_dtype). Split: the process `owners_of` names
         computes it; each packs its own into one flat buffer, padded to the longest, and all-gathers those."""
-        def iterate(group, update):
-            dtype = self.iteration_dtype
-            return newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+        def iterate(group, param, update, row_blocks):  # block by block, each as torch's Muon would a matrix
+            settings = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.iteration_dtype)
+            rows = block_shape(param, row_blocks)[0]
+            return torch.cat([newton_schulz(block, *settings) for block in update.split(rows)])
 
         if self.world_size == 1:
-            return [iterate(group, update) for group, _, update in todo]
-        owners = owners_of([param.shape for _, param, _ in todo], self.world_size)
+            return [iterate(*work) for work in todo]
+        owners = owners_of([iteration_cost(block_shape(param, n), n) for _, param, _, n in todo], self.world_size)
         starts, sizes = [], [0] * self.world_size  # each matrix's place in its owner's buffer; each buffer's length
-        for (_, param, _), owner in zip(todo, owners):
+        for (_, param, _, _), owner in zip(todo, owners):
             starts.append(sizes[owner])
             sizes[owner] += param.numel()
-        mine = [iterate(group, update) for (group, _, update), owner in zip(todo, owners) if owner == self.rank]
+        mine = [iterate(*work) for work, owner in zip(todo, owners) if owner == self.rank]
         device = todo[0][1].device if todo else "cpu"
         flat = torch.zeros(max(sizes), dtype=self.iteration_dtype, device=device)
         if mine:
@@ -212,7 +252,7 @@ class Muon(torch.optim.Muon):
         gathered = [torch.empty_like(flat) for _ in range(self.world_size)]
         torch.distributed.all_gather(gathered, flat)
         return [gathered[owner][start : start + param.numel()].view(param.shape)
-                for (_, param, _), owner, start in zip(todo, owners, starts)]
+                for (_, param, _, _), owner, start in zip(todo, owners, starts)]
 
 
 def newton_schulz(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
@@ -230,20 +270,31 @@ def newton_schulz(update: torch.Tensor, coefficients: tuple[float, float, float]
     return x.T if tall else x
 
 
-def update_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+def update_scale(adjust_lr_fn: str | None, shape: tuple[int, int]) -> float:
     """What torch's Muon multiplies the learning rate by for a (rows, cols) matrix: match_rms_adamw's 0.2 x
     sqrt(max(rows, cols)) (Liu et al., 2025) or the original sqrt(max(1, rows / cols))."""
-    rows, cols = shape[:2]
+    rows, cols = shape
     if adjust_lr_fn == "match_rms_adamw":
         return 0.2 * math.sqrt(max(rows, cols))
     return math.sqrt(max(1, rows / cols))
 
 
-def owners_of(shapes: list[torch.Size], world_size: int) -> list[int]:
-    """Which process orthogonalises each matrix: the costliest first, each to the process with the least work so far
-    (an iteration of an m x n matrix, m <= n, costs about m^2 n). The same answer on every process."""
-    load, owners = [0] * world_size, [0] * len(shapes)
-    for i in sorted(range(len(shapes)), key=lambda i: -min(shapes[i]) ** 2 * max(shapes[i])):
+def block_shape(param: torch.Tensor, row_blocks: int) -> tuple[int, int]:
+    """The shape of each of the `row_blocks` matrices that `param` stacks by rows."""
+    rows, cols = param.shape
+    return rows // row_blocks, cols
+
+
+def iteration_cost(shape: tuple[int, int], blocks: int = 1) -> int:
+    """About what an iteration on `blocks` matrices of `shape` (m, n) costs: m^2 n each where m <= n."""
+    return blocks * min(shape) ** 2 * max(shape)
+
+
+def owners_of(costs: list[int], world_size: int) -> list[int]:
+    """Which process orthogonalises each parameter, given each one's `iteration_cost`: the costliest first, each to
+    the process with the least work so far. The same answer on every process."""
+    load, owners = [0] * world_size, [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
         owners[i] = min(range(world_size), key=load.__getitem__)
-        load[owners[i]] += min(shapes[i]) ** 2 * max(shapes[i])
+        load[owners[i]] += costs[i]
     return owners
