@@ -169,9 +169,11 @@ def test_muon_split_across_data_parallel_processes_steps_as_one_process_does(tmp
     for name, dtype in DTYPES.items():
         one = _muon_steps(dtype=dtype)
         split = [load_file(tmp_path / f"{name}-{rank}") for rank in (0, 1)]
-        # Every step: two layers' six matrices (query, key and value apart) and the head's transform.
-        assert one["calls"] == 3 * (2 * 6 + 1)
-        assert sorted(s["calls"].item() for s in split) == [3 * 6, 3 * 7]  # each process its share of them
+        # Every step: two layers' 15 matrices (4 heads' query, key and value apart, then out_proj, fc1, fc2) and the
+        # head's transform.
+        assert one["calls"] == 3 * (2 * 15 + 1)
+        assert sum(s["calls"].item() for s in split) == one["calls"]  # each process its share of them
+        assert all(s["calls"].item() > 0 for s in split)
         for key, value in one.items():
             if key != "calls":
                 assert torch.equal(split[0][key], value) and torch.equal(split[1][key], value), (name, key)
@@ -223,12 +225,12 @@ def test_muon_steps_each_projection_of_a_fused_weight_as_torchs_muon_steps_them_
     assert (fused - stacked).abs().max() > 1e-3
 
 
-def test_the_fused_weights_are_the_query_key_value_projections_and_a_glus_gate_and_value():
+def test_the_fused_weights_are_each_heads_query_key_and_value_and_a_glus_gate_and_value():
     for mlp_type, fc1_blocks in (("mlp", None), ("glu", 2)):
-        model = SineBertForMaskedLM(tiny_config(num_hidden_layers=2, mlp_type=mlp_type))
+        model = SineBertForMaskedLM(tiny_config(num_hidden_layers=2, num_attention_heads=4, mlp_type=mlp_type))
         blocks = {name: fused_row_blocks(model).get(p) for name, p in model.named_parameters()}
         assert {name: n for name, n in blocks.items() if n} == {
-            **{f"sinebert.layers.{i}.attention.qkv_proj.weight": 3 for i in range(2)},
+            **{f"sinebert.layers.{i}.attention.qkv_proj.weight": 12 for i in range(2)},
             **({f"sinebert.layers.{i}.mlp.fc1.weight": fc1_blocks for i in range(2)} if fc1_blocks else {})}
 
 
@@ -249,8 +251,8 @@ def test_the_trainer_iterates_in_bf16_only_where_the_hardware_multiplies_it_at_s
 
 
 def test_muon_shares_balance_the_orthogonalisation_work():
-    # The cram's model: 4 layers (query, key and value as three 256 x 256 blocks) and the head's transform.
-    layer = [iteration_cost((256, 256), 3), iteration_cost((256, 256)), iteration_cost((1024, 256)),
+    # The cram's model: 4 layers (4 heads' query, key and value as 12 blocks of 64 x 256) and the head's transform.
+    layer = [iteration_cost((64, 256), 12), iteration_cost((256, 256)), iteration_cost((1024, 256)),
              iteration_cost((256, 1024))]
     costs = layer * 4 + [iteration_cost((256, 256))]
     owners = owners_of(costs, 2)
