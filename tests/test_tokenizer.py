@@ -126,7 +126,7 @@ def test_a_system_without_flock_is_refused_before_anything_is_written(corpus, tm
     monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` now fails as it does there
     out = tmp_path / "tok"
     message = user_error(capsys, train_tokenizer, ["--train_file", corpus / "part1.txt", "--output_dir", out])
-    assert message == (f"error: --output_dir {out} cannot be locked for this job: the lock is POSIX's flock, which "
+    assert message == (f"error: --output_dir {out} cannot be locked for this job: the lock is fcntl's flock, which "
                        f"this system ({sys.platform}) lacks; run sinebert's scripts on Linux or macOS, or under WSL 2 "
                        "on Windows.")
     assert not out.exists()

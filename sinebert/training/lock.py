@@ -52,7 +52,7 @@ def take_folder(output: Path) -> str | None:
     try:
         import fcntl  # noqa: F401
     except ModuleNotFoundError:  # Windows: before anything is written, rather than a traceback from RunLock.take
-        return (f"--output_dir {output} cannot be locked for this job: the lock is POSIX's flock, which this system "
+        return (f"--output_dir {output} cannot be locked for this job: the lock is fcntl's flock, which this system "
                 f"({sys.platform}) lacks; run sinebert's scripts on Linux or macOS, or under WSL 2 on Windows.")
     try:
         make_folder(output)
