@@ -246,8 +246,8 @@ def test_the_trainer_iterates_in_bf16_only_where_the_hardware_multiplies_it_at_s
     model = SineBertForMaskedLM(tiny_config())
     optimizer = build_optimizer(model, _args(optim="muon"), world_size=1, iteration_dtype=torch.float32)
     description = optimizers.describe_optimizer(optimizer, "this CPU has no bf16 matrix instructions")
-    assert description == ("Muon on 9 matrices (Newton-Schulz iterations in float32, fused weights by their "
-                           "projections: this CPU has no bf16 matrix instructions), AdamW on the rest")
+    assert description == ("Muon on 9 matrices (Newton-Schulz iterations in float32, fused weights by head and "
+                           "projection: this CPU has no bf16 matrix instructions), AdamW on the rest")
 
 
 def test_muon_shares_balance_the_orthogonalisation_work():

@@ -124,7 +124,7 @@ def test_muon_learns_and_resumes_exactly_with_two_processes(text_corpus, tokeniz
     bf16, why = bf16_matmuls_are_fast(torch.device("cpu"))  # the iterations' dtype follows the hardware, and says so
     ran = json.loads((tmp_path / "full" / "all_results.json").read_text())["optimizer"]
     assert ran == (f"Muon on 9 matrices (Newton-Schulz iterations in {'bfloat16' if bf16 else 'float32'}, split among "
-                   f"2 processes, fused weights by their projections: {why}), AdamW on the rest")
+                   f"2 processes, fused weights by head and projection: {why}), AdamW on the rest")
     stopped = tmp_path / "stopped"
     (stopped / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "full" / "checkpoints" / "step_00000008", stopped / "checkpoints" / "step_00000008")

@@ -84,7 +84,7 @@ def build_optimizer(model: nn.Module, args, *, rank: int = 0, world_size: int = 
 def fused_row_blocks(model: nn.Module) -> dict[nn.Parameter, int]:
     """The weight matrices that stack several projections by rows, and how many: each attention's query, key and value
     projection (`qkv_proj`), head by head (3 x heads blocks of head_dim rows), and a GLU's gate and value (`fc1` with
-    `mlp_type="glu"`, 2). Muon orthogonalises each block on its own, as if each were a matrix of its own: together, one
+    `mlp_type="glu"`, 2). Muon orthogonalises each block as a matrix of its own: together, one
     block's large gradient directions would shrink the others' steps. Moonlight's and modded-nanogpt's authors found
     that the query, key and value train better apart, GLM-5's that heads do too; at the cram's size, 800 steps learnt
     32.0% held-out masked-token accuracy head by head, 31.6% by projection and 31.4% as one matrix (docs/SPEED.md)."""
@@ -195,7 +195,7 @@ class Muon(torch.optim.Muon):
 
     def describe(self) -> str:
         split = f", split among {self.world_size} processes" if self.world_size > 1 else ""
-        apart = ", fused weights by their projections" if any(n > 1 for n in self.row_blocks or ()) else ""
+        apart = ", fused weights by head and projection" if any(n > 1 for n in self.row_blocks or ()) else ""
         return f"Newton-Schulz iterations in {str(self.iteration_dtype).removeprefix('torch.')}{split}{apart}"
 
     @torch.no_grad()
