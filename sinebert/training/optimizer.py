@@ -84,10 +84,10 @@ def build_optimizer(model: nn.Module, args, *, rank: int = 0, world_size: int = 
 def fused_row_blocks(model: nn.Module) -> dict[nn.Parameter, int]:
     """The weight matrices that stack several projections by rows, and how many: each attention's query, key and value
     projection (`qkv_proj`), head by head (3 x heads blocks of head_dim rows), and a GLU's gate and value (`fc1` with
-    `mlp_type="glu"`, 2). Muon orthogonalises each block as a matrix of its own: together, one
-    block's large gradient directions would shrink the others' steps. Moonlight's and modded-nanogpt's authors found
-    that the query, key and value train better apart, GLM-5's that heads do too; at the cram's size, 800 steps learnt
-    32.0% held-out masked-token accuracy head by head, 31.6% by projection and 31.4% as one matrix (docs/SPEED.md)."""
+    `mlp_type="glu"`, 2). Muon orthogonalises each block as a matrix of its own: together, one block's large gradient
+    directions would shrink the others' steps. Moonlight's and modded-nanogpt's authors found that the query, key and
+    value train better apart, GLM-5's that heads do too; at the cram's size, 800 steps learnt 32.0% held-out
+    masked-token accuracy head by head, 31.6% by projection and 31.4% as one matrix (docs/SPEED.md)."""
     config = model.config
     glu = getattr(config, "mlp_type", "mlp") == "glu"
     blocks = {}
