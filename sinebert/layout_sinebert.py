@@ -155,7 +155,7 @@ def attention_buckets(
         return [lengths[i : i + size] for i in range(0, len(lengths), size)]
 
     def keys(run: list[int]) -> int:
-        return -(-run[0] // key_multiple) * key_multiple
+        return _round_up(run[0], key_multiple)
 
     def cost(split: list[list[int]]) -> int:
         return sum(len(run) * run[0] * keys(run) + BUCKET_COST for run in split)
@@ -179,8 +179,13 @@ def one_bucket(
     pass again for each new batch; three sizes become dynamic after the first recompile."""
     if not sequences:
         return ()
-    keys = -(-longest // key_multiple) * key_multiple
+    keys = _round_up(longest, key_multiple)
     return (_bucket(on_device, 0, 0, sequences, longest, total, keys, False, heads, per_head),)
+
+
+def _round_up(count: int, multiple: int) -> int:
+    """`count` rounded up to a multiple of `multiple` (a bucket's keys: its longest, to `key_multiple`)."""
+    return -(-count // multiple) * multiple
 
 
 def _bucket(
