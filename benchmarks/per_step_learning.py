@@ -4,6 +4,7 @@
     python benchmarks/per_step_learning.py --steps 200 --hidden 256
     python benchmarks/per_step_learning.py --hidden 256 --contenders dropping dropping_loss   # token dropping's policies
     python benchmarks/per_step_learning.py --hidden 256 --contenders rotary --learning_rate 2e-3   # another peak
+    python benchmarks/per_step_learning.py --hidden 256 --contenders muon --muon_learning_rate 8e-3   # Muon's peak
     python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # seconds
 
 By default sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and with the
@@ -61,10 +62,10 @@ def dims_at(hidden: int) -> dict:
 
 
 def train(model: torch.nn.Module, batches: tta.Batches, steps: int, precision: str, peak: float = tta.PEAK_LR,
-          name: str = "sinebert") -> dict:
+          name: str = "sinebert", muon_peak: float | None = None) -> dict:
     """`steps` steps of the cram's schedule to the learning rate `peak` (with time_to_accuracy.py's optimizer for the
     contender `name`); accuracy (%) at each quarter and the median seconds of a step."""
-    optimizer = tta.optimizer_of(name, model, peak)
+    optimizer = tta.optimizer_of(name, model, peak, muon_peak)
     accuracy, seconds = [], []
     for step in range(steps + 1):
         if step % max(1, steps // QUARTERS) == 0 or step == steps:
@@ -102,6 +103,7 @@ def main(argv=None):
     parser.add_argument("--tiny", action="store_true", help="Hidden 32 and a 500-token vocabulary: checks it runs.")
     parser.add_argument("--learning_rate", type=tta.peak_learning_rate, default=tta.PEAK_LR,
                         help="The schedule's peak (default: the cram's, %(default)g).")
+    tta.add_muon_argument(parser)
     tta.add_text_arguments(parser)
     args = parser.parse_args(argv)
     precision = tta.precision_here()
@@ -113,7 +115,8 @@ def main(argv=None):
         for label, name, overrides in (CONTENDERS[key] for key in args.contenders):
             model = tta.build(name, batches.vocab, dims_at(hidden), precision, **overrides)
             runs.append({"hidden": hidden, "model": label,
-                         **train(model, batches, args.steps, precision, args.learning_rate, name)})
+                         **train(model, batches, args.steps, precision, args.learning_rate, name,
+                                       args.muon_learning_rate)})
             print(json.dumps(runs[-1]), flush=True)
     report = {"text": text, "steps": args.steps, "precision": precision, **batches.report(), "runs": runs,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),

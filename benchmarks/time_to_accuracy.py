@@ -4,6 +4,7 @@
     python benchmarks/time_to_accuracy.py --minutes 4   # shorter
     python benchmarks/time_to_accuracy.py --contenders modernbert sinebert sinebert_dropping   # token dropping
     python benchmarks/time_to_accuracy.py --contenders modernbert sinebert --learning_rate 2e-3   # another peak
+    python benchmarks/time_to_accuracy.py --contenders modernbert sinebert_muon --muon_learning_rate 8e-3   # Muon's
 
 The question of issue 32: does sinebert reach, in half the time, the held-out masked-token accuracy that ModernBERT
 reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
@@ -99,22 +100,25 @@ class Contender:
     model: torch.nn.Module
     budget: float  # training seconds
     peak: float = PEAK_LR  # the schedule's peak learning rate
+    muon_peak: float | None = None  # Muon's, for the contenders in MUON (None: MUON_LEARNING_RATE_RATIO x peak)
     optimizer: torch.optim.Optimizer = field(init=False)
     seconds: float = 0.0
     steps: int = 0
     curve: list = field(default_factory=list)  # (training seconds, steps, held-out accuracy)
 
     def __post_init__(self):
-        self.optimizer = optimizer_of(self.name, self.model, self.peak)
+        self.optimizer = optimizer_of(self.name, self.model, self.peak, self.muon_peak)
 
     @property
     def share(self) -> float:
         return self.seconds / self.budget
 
 
-def optimizer_of(name: str, model: torch.nn.Module, peak: float) -> torch.optim.Optimizer:
+def optimizer_of(name: str, model: torch.nn.Module, peak: float, muon_peak: float | None = None
+                 ) -> torch.optim.Optimizer:
     """The cram's AdamW (its param group's schedule `peak` the contender's), or for those in MUON `--optim muon`'s
-    MuonWithAdamW: Muon on the matrices `takes_muon` picks at MUON_LEARNING_RATE_RATIO x the peak, AdamW on the rest,
+    MuonWithAdamW: Muon on the matrices `takes_muon` picks at `muon_peak` (by default MUON_LEARNING_RATE_RATIO x the
+    peak), AdamW on the rest,
     iterating in the dtype the Trainer would pick on the model's device, each fused weight block by block
     (`fused_row_blocks`) except for "sinebert_muon_fused"."""
     settings = {"weight_decay": WEIGHT_DECAY, "lr": 0.0}
@@ -122,11 +126,12 @@ def optimizer_of(name: str, model: torch.nn.Module, peak: float) -> torch.optim.
         return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak, **settings}], betas=BETAS,
                                  fused=True)
     iteration_dtype, _ = muon_iteration_dtype(next(model.parameters()).device)
+    muon_peak = MUON_LEARNING_RATE_RATIO * peak if muon_peak is None else muon_peak
     matrices, rest = [], []
     for parameter_name, p in model.named_parameters():  # (the tied decoder appears once, as the word embeddings)
         (matrices if takes_muon(parameter_name, p, model.config.num_hidden_layers) else rest).append(p)
     return MuonWithAdamW([{"params": rest, "peak": peak, **settings}],
-                         [{"params": matrices, "peak": MUON_LEARNING_RATE_RATIO * peak, **settings}],
+                         [{"params": matrices, "peak": muon_peak, **settings}],
                          betas=BETAS, eps=1e-8, fused=True,
                          muon={"iteration_dtype": iteration_dtype, "row_blocks": row_blocks_of(
                              [{"params": matrices}], {} if name == "sinebert_muon_fused" else fused_row_blocks(model))})
@@ -231,10 +236,10 @@ class Batches:
 
 def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int,
         names: tuple = DEFAULT_CONTENDERS, attention: str = "sdpa", peak: float = PEAK_LR,
-        eval_blocks: int = EVAL_BLOCKS) -> dict:
+        eval_blocks: int = EVAL_BLOCKS, muon_peak: float | None = None) -> dict:
     batches = Batches.of(train_lines, held_lines, vocab, eval_blocks=eval_blocks)
-    contenders = [Contender(name, build(name, batches.vocab, dims, precision, attention), 60 * minutes * share, peak)
-                  for name, _, share in CONTENDERS if name in names]
+    contenders = [Contender(name, build(name, batches.vocab, dims, precision, attention), 60 * minutes * share, peak,
+                            muon_peak) for name, _, share in CONTENDERS if name in names]
     marks = {c.name: 0 for c in contenders}  # evaluations done
     while (contender := next_contender(contenders)) is not None:
         if contender.share >= marks[contender.name] / EVALUATIONS:
@@ -249,7 +254,7 @@ def run(train_lines: list[str], held_lines: list[str], minutes: float, precision
                                 speed.masked_accuracy(contender.model, batches.held, precision)))
     return {
         "minutes": minutes, "precision": precision, "dims": dims, **batches.report(),
-        "modernbert_attention": attention, "peak_learning_rate": peak,
+        "modernbert_attention": attention, "peak_learning_rate": peak, "muon_peak_learning_rate": muon_peak,
         "curves": {c.name: {"budget_seconds": c.budget, "steps": c.steps, "points": c.curve} for c in contenders},
     }
 
@@ -341,6 +346,12 @@ def nonblank_lines(path: Path) -> list[str]:
     return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def add_muon_argument(parser: argparse.ArgumentParser):
+    parser.add_argument("--muon_learning_rate", type=peak_learning_rate, default=None,
+                        help=f"The Muon contenders' peak for their Muon matrices (default: {MUON_LEARNING_RATE_RATIO} x "
+                             "--learning_rate, as --optim muon's).")
+
+
 def add_text_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--work_dir", default=None, help="Where the cram's text is prepared (a temporary folder).")
     parser.add_argument("--train_file", help="Lines of text to train on instead of the cram's (with --held_out_file).")
@@ -373,6 +384,7 @@ def main(argv=None):
                              "else sdpa).")
     parser.add_argument("--learning_rate", type=peak_learning_rate, default=PEAK_LR,
                         help="Every model's peak learning rate (default: the cram's, %(default)g).")
+    add_muon_argument(parser)
     add_text_arguments(parser)
     args = parser.parse_args(argv)
     if "modernbert" not in args.contenders:
@@ -382,7 +394,7 @@ def main(argv=None):
     dims = TINY if args.tiny else speed.SIZES["small"]
     report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB,
                  tuple(args.contenders), args.modernbert_attention or modernbert_attention(precision),
-                 args.learning_rate, TINY_EVAL_BLOCKS if args.tiny else EVAL_BLOCKS)
+                 args.learning_rate, TINY_EVAL_BLOCKS if args.tiny else EVAL_BLOCKS, args.muon_learning_rate)
     report |= {"text": text, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),
                "torch": torch.__version__, "platform": platform.platform(),
                "command": "python benchmarks/time_to_accuracy.py " + " ".join(argv or sys.argv[1:])}

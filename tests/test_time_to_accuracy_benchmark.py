@@ -182,3 +182,16 @@ def test_per_step_learning_takes_the_schedule_peak_it_is_given(tmp_path):
                     "--contenders", "rotary", "--learning_rate", "0"])
     (run,) = json.loads((tmp_path / "per_step_learning.json").read_text())["runs"]
     assert len({accuracy for _, accuracy in run["accuracy"]}) == 1
+
+
+def test_muon_learning_rate_moves_the_muon_matrices_alone(tmp_path):
+    """--learning_rate 0 with --muon_learning_rate: only Muon's matrices move, so held-out accuracy changes; without
+    it Muon's peak is a multiple of 0 and nothing moves."""
+    benchmark, text = per_step_learning(), ROOT / "tests" / "fixtures" / "sotu.txt"
+    common = ["--tiny", "--steps", "8", "--train_file", str(text), "--contenders", "muon", "--learning_rate", "0"]
+    benchmark.main([*common, "--output_dir", str(tmp_path / "still")])
+    benchmark.main([*common, "--muon_learning_rate", "1e-2", "--output_dir", str(tmp_path / "muon")])
+    (still,) = json.loads((tmp_path / "still" / "per_step_learning.json").read_text())["runs"]
+    (muon,) = json.loads((tmp_path / "muon" / "per_step_learning.json").read_text())["runs"]
+    assert len({accuracy for _, accuracy in still["accuracy"]}) == 1
+    assert len({accuracy for _, accuracy in muon["accuracy"]}) > 1
