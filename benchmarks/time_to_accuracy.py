@@ -348,8 +348,8 @@ def nonblank_lines(path: Path) -> list[str]:
 
 def add_muon_argument(parser: argparse.ArgumentParser):
     parser.add_argument("--muon_learning_rate", type=peak_learning_rate, default=None,
-                        help=f"The Muon contenders' peak for their Muon matrices (default: {MUON_LEARNING_RATE_RATIO} x "
-                             "--learning_rate, as --optim muon's).")
+                        help="The Muon contenders' peak for their Muon matrices (default: "
+                             f"{MUON_LEARNING_RATE_RATIO} x --learning_rate, as --optim muon's).")
 
 
 def add_text_arguments(parser: argparse.ArgumentParser):
