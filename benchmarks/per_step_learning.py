@@ -2,7 +2,7 @@
 
     python benchmarks/per_step_learning.py                 # 800 steps, hidden 256 and 128: about 25 minutes
     python benchmarks/per_step_learning.py --steps 200 --hidden 256
-    python benchmarks/per_step_learning.py --hidden 256 --contenders dropping dropping_loss   # token dropping's policies
+    python benchmarks/per_step_learning.py --hidden 256 --contenders dropping dropping_loss   # dropping's policies
     python benchmarks/per_step_learning.py --hidden 256 --contenders rotary --learning_rate 2e-3   # another peak
     python benchmarks/per_step_learning.py --hidden 256 --contenders muon --muon_learning_rate 8e-3   # Muon's peak
     python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # seconds

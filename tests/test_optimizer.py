@@ -169,12 +169,12 @@ def test_muon_split_across_data_parallel_processes_steps_as_one_process_does(tmp
     for name, dtype in DTYPES.items():
         one = _muon_steps(dtype=dtype)
         split = [load_file(tmp_path / f"{name}-{rank}") for rank in (0, 1)]
-        # Every step: two layers' 15 matrices (4 heads' query, key and value apart, then out_proj, fc1, fc2) and the
+        # Every step: two layers' 4 weights (qkv_proj, its 12 blocks in one batch, then out_proj, fc1, fc2) and the
         # head's transform.
-        assert one["calls"] == 3 * (2 * 15 + 1)
+        assert one["calls"] == 3 * (2 * 4 + 1)
         # Each process its share of them, balanced by cost: one both fc1, one out_proj and the head's transform; the
-        # other both fc2, the other out_proj and both query-key-value weights (12 blocks each).
-        assert [s["calls"].item() for s in split] == [3 * 4, 3 * 27]
+        # other both fc2, the other out_proj and both query-key-value weights.
+        assert [s["calls"].item() for s in split] == [3 * 4, 3 * 5]
         for key, value in one.items():
             if key != "calls":
                 assert torch.equal(split[0][key], value) and torch.equal(split[1][key], value), (name, key)
@@ -207,8 +207,9 @@ def test_muon_in_bf16_steps_as_torchs_muon_does_and_in_float32_orthogonalises_mo
 
 
 def test_muon_steps_each_projection_of_a_fused_weight_as_torchs_muon_steps_them_apart():
-    """A query-key-value weight is three matrices stacked: orthogonalised (and scaled) block by block, bit for bit
-    as torch's Muon steps three separate ones, and not as it steps the stack."""
+    """A query-key-value weight is three matrices stacked: orthogonalised (and scaled) block by block, as torch's Muon
+    steps three separate ones (up to the rounding in which a batched product may differ from single ones), and not as
+    it steps the stack."""
     torch.manual_seed(0)
     fused = torch.nn.Parameter(torch.randn(3 * 8, 16))
     apart = [torch.nn.Parameter(block.detach().clone()) for block in fused.split(8)]
@@ -222,8 +223,23 @@ def test_muon_steps_each_projection_of_a_fused_weight_as_torchs_muon_steps_them_
             param.grad = block.clone()
         for optimizer in (ours, torchs, torchs_stacked):
             optimizer.step()
-    assert torch.equal(fused, torch.cat(apart))
-    assert (fused - stacked).abs().max() > 1e-3
+    assert (fused - torch.cat(apart)).abs().max() < 2e-3
+    assert (fused - stacked).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("shape", [(12, 8, 32), (2, 32, 8)])  # 12 heads' wide blocks; a GLU's two tall ones
+def test_a_batch_of_blocks_orthogonalises_each_block_as_it_would_alone(shape):
+    """A fused weight's blocks go through one batched product: each comes out as it would alone, up to the rounding
+    in which batched and single products may differ, and far from what the stack gets as one matrix."""
+    blocks = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    coefficients = torch.optim.Muon([torch.nn.Parameter(torch.zeros(2, 2))]).defaults["ns_coefficients"]
+    for dtype, rounding in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        batched = optimizers.newton_schulz(blocks, coefficients, 5, 1e-7, dtype)
+        alone = torch.stack([optimizers.newton_schulz(block, coefficients, 5, 1e-7, dtype) for block in blocks])
+        whole = optimizers.newton_schulz(blocks.reshape(-1, shape[-1]), coefficients, 5, 1e-7, dtype)
+        assert batched.dtype == dtype and batched.shape == blocks.shape
+        assert (batched - alone).float().abs().max() <= rounding
+        assert (whole.reshape(shape) - alone).float().abs().max() > 3 * rounding
 
 
 def test_the_fused_weights_are_each_heads_query_key_and_value_and_a_glus_gate_and_value():
