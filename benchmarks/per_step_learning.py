@@ -116,7 +116,7 @@ def main(argv=None):
             model = tta.build(name, batches.vocab, dims_at(hidden), precision, **overrides)
             runs.append({"hidden": hidden, "model": label,
                          **train(model, batches, args.steps, precision, args.learning_rate, name,
-                                       args.muon_learning_rate)})
+                                 args.muon_learning_rate)})
             print(json.dumps(runs[-1]), flush=True)
     report = {"text": text, "steps": args.steps, "precision": precision, **batches.report(), "runs": runs,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),

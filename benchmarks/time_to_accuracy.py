@@ -118,9 +118,8 @@ def optimizer_of(name: str, model: torch.nn.Module, peak: float, muon_peak: floa
                  ) -> torch.optim.Optimizer:
     """The cram's AdamW (its param group's schedule `peak` the contender's), or for those in MUON `--optim muon`'s
     MuonWithAdamW: Muon on the matrices `takes_muon` picks at `muon_peak` (by default MUON_LEARNING_RATE_RATIO x the
-    peak), AdamW on the rest,
-    iterating in the dtype the Trainer would pick on the model's device, each fused weight block by block
-    (`fused_row_blocks`) except for "sinebert_muon_fused"."""
+    peak), AdamW on the rest, iterating in the dtype the Trainer would pick on the model's device, each fused weight
+    block by block (`fused_row_blocks`) except for "sinebert_muon_fused"."""
     settings = {"weight_decay": WEIGHT_DECAY, "lr": 0.0}
     if name not in MUON:
         return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak, **settings}], betas=BETAS,
