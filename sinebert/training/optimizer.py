@@ -238,7 +238,7 @@ class Muon(torch.optim.Muon):
         computes it; each packs its own into one flat buffer, padded to the longest, and all-gathers those."""
         def iterate(group, param, update, row_blocks):  # a fused weight's blocks as one batch of matrices
             settings = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.iteration_dtype)
-            blocks = update.view(row_blocks, *block_shape(param, row_blocks)) if row_blocks > 1 else update
+            blocks = update.reshape(row_blocks, *block_shape(param, row_blocks)) if row_blocks > 1 else update
             return newton_schulz(blocks, *settings).reshape(param.shape)
 
         if self.world_size == 1:
