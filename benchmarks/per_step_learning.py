@@ -13,12 +13,12 @@ adds sinebert with a GLU feed-forward of the same FLOPs (time_to_accuracy.py's),
 mimetic attention initialisation whatever the recipe's (`normal_init`, `mimetic_init`), sinebert with token dropping as
 speed.py runs it, keeping a random share of the unmasked tokens or those of the highest running loss
 (`token_dropping_policy`), sinebert without biases (`no_bias`) and sinebert trained with Muon (`muon`; `muon_fused`
-orthogonalises each layer's query, key and value projections as one matrix). Each at 4 layers of `--hidden` width (4
-heads, feed-forward 4 x hidden), from scratch on the cram's pretraining text: the same batches and masks in the same
-order (benchmarks/time_to_accuracy.py's), the cram's optimizer (or time_to_accuracy.py's Muon) and its schedule (warmup,
-then linear decay to 0) over `--steps` steps. Held-out accuracy on the cram's held-out lines every quarter of the steps;
-seconds per step beside it (the models run one after another, so those are noisier than speed.py's).
-Writes benchmarks/results/per_step_learning.{json,md}.
+orthogonalises each layer's query, key and value projections as one matrix; `muon_glu` with a GLU feed-forward). Each at
+4 layers of `--hidden` width (4 heads, feed-forward 4 x hidden), from scratch on the cram's pretraining text: the same
+batches and masks in the same order (benchmarks/time_to_accuracy.py's), the cram's optimizer (or time_to_accuracy.py's
+Muon) and its schedule (warmup, then linear decay to 0) over `--steps` steps. Held-out accuracy on the cram's held-out
+lines every quarter of the steps; seconds per step beside it (the models run one after another, so those are noisier
+than speed.py's). Writes benchmarks/results/per_step_learning.{json,md}.
 """
 
 import argparse
@@ -52,6 +52,7 @@ CONTENDERS = {
                 {"position_embedding_type": "rotary", "bias": False}),
     "muon": ("sinebert, Muon", "sinebert_muon", {}),
     "muon_fused": ("sinebert, Muon on the fused query-key-value", "sinebert_muon_fused", {}),
+    "muon_glu": ("sinebert, Muon, GLU feed-forward", "sinebert_muon_glu", {}),
 }
 DEFAULT_CONTENDERS = ("rotary", "absolute", "modernbert")
 QUARTERS = 4

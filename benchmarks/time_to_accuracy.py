@@ -11,14 +11,14 @@ reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; s
 sinebert with a GLU feed-forward of the same FLOPs (`mlp_type="glu"`, width 2/3 of the recipe's, as ModernBERT's) and,
 if asked, sinebert with token dropping, with the mimetic attention initialisation (`sinebert_mimetic_init`, the recipe's
 before 2026-12-04), without biases (`sinebert_no_bias`), trained with Muon (`sinebert_muon`, `--optim muon`) or with
-Muon and token dropping (`sinebert_muon_dropping`) get half as many. Every model has the same size as the cram's (hidden
-256, 4 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same batches in the same order with
-the same masks, and trains with the cram's optimizer settings (AdamW, or `--optim muon`'s split for the Muon ones; peak
-learning rate 1e-3 or `--learning_rate`, betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then
-linear decay to 0). The schedule runs on each model's own training clock, so each model's learning rate reaches 0
-exactly when its budget is spent, on whatever machine. The models take turns: the one that has used the smallest share
-of its budget steps next, so a slow minute of a shared host falls on all of them alike. Evaluation (on 256 blocks of the
-cram's held-out lines, fixed masks) is not on the clock.
+Muon and token dropping (`sinebert_muon_dropping`) or a GLU (`sinebert_muon_glu`) get half as many. Every model has the
+same size as the cram's (hidden 256, 4 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same
+batches in the same order with the same masks, and trains with the cram's optimizer settings (AdamW, or `--optim muon`'s
+split for the Muon ones; peak learning rate 1e-3 or `--learning_rate`, betas 0.9/0.98, weight decay 0.01, gradient norm
+clipped at 1, 6% warmup then linear decay to 0). The schedule runs on each model's own training clock, so each model's
+learning rate reaches 0 exactly when its budget is spent, on whatever machine. The models take turns: the one that has
+used the smallest share of its budget steps next, so a slow minute of a shared host falls on all of them alike.
+Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on the clock.
 
 sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT
 is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's feed-forward),
@@ -67,10 +67,11 @@ CONTENDERS = (("modernbert", "ModernBERT", 1.0), ("sinebert", "sinebert", 0.5),
               ("sinebert_no_bias", "sinebert, no biases", 0.5),
               ("sinebert_muon", "sinebert, Muon", 0.5),
               ("sinebert_muon_dropping", "sinebert, Muon and token dropping", 0.5),
-              ("sinebert_muon_fused", "sinebert, Muon on the fused query-key-value", 0.5))
+              ("sinebert_muon_fused", "sinebert, Muon on the fused query-key-value", 0.5),
+              ("sinebert_muon_glu", "sinebert, Muon and a GLU feed-forward", 0.5))
 # The contenders trained with `--optim muon`; the last orthogonalises each layer's query, key and value projections
 # as one matrix, as `--optim muon` did before 2026-12-06.
-MUON = ("sinebert_muon", "sinebert_muon_dropping", "sinebert_muon_fused")
+MUON = ("sinebert_muon", "sinebert_muon_dropping", "sinebert_muon_fused", "sinebert_muon_glu")
 DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 # Three layers: token dropping leaves out the first and the last.
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
@@ -174,15 +175,15 @@ def modernbert_attention(precision: str) -> str:
 
 def build(name: str, vocab: int, dims: dict, precision: str, attention: str = "sdpa", **overrides) -> torch.nn.Module:
     """ModernBERT (`name` "modernbert", under `attention`) or sinebert with the cram's pretraining settings, token
-    dropping for "sinebert_dropping" and "sinebert_muon_dropping", a GLU feed-forward for "sinebert_glu", the mimetic
-    attention initialisation for "sinebert_mimetic_init" (the recipe's before 2026-12-04), no biases for
-    "sinebert_no_bias", and `overrides` of them."""
+    dropping for "sinebert_dropping" and "sinebert_muon_dropping", a GLU feed-forward for "sinebert_glu" and
+    "sinebert_muon_glu", the mimetic attention initialisation for "sinebert_mimetic_init" (the recipe's before
+    2026-12-04), no biases for "sinebert_no_bias", and `overrides` of them."""
     torch.manual_seed(0)
     if name == "modernbert":
         config = speed.modernbert_config(dims, attention, vocab)
         return speed.ModernBertForMaskedLM(config).to(speed.DEVICE)
     extra = {"sinebert_dropping": speed.TOKEN_DROPPING, "sinebert_muon_dropping": speed.TOKEN_DROPPING,
-             "sinebert_glu": glu_settings(dims),
+             "sinebert_glu": glu_settings(dims), "sinebert_muon_glu": glu_settings(dims),
              "sinebert_mimetic_init": {"attention_init": "mimetic"}, "sinebert_no_bias": {"bias": False}}.get(name, {})
     config = SineBertConfig(**dims | speed.pretraining_settings() | extra | overrides, vocab_size=vocab,
                             max_position_embeddings=512)
