@@ -69,8 +69,8 @@ CONTENDERS = (("modernbert", "ModernBERT", 1.0), ("sinebert", "sinebert", 0.5),
               ("sinebert_muon_dropping", "sinebert, Muon and token dropping", 0.5),
               ("sinebert_muon_fused", "sinebert, Muon on the fused query-key-value", 0.5),
               ("sinebert_muon_glu", "sinebert, Muon and a GLU feed-forward", 0.5))
-# The contenders trained with `--optim muon`; the last orthogonalises each layer's query, key and value projections
-# as one matrix, as `--optim muon` did before 2026-12-06.
+# The contenders trained with `--optim muon`; "sinebert_muon_fused" orthogonalises each layer's query, key and value
+# projections as one matrix, as `--optim muon` did before 2026-12-06.
 MUON = ("sinebert_muon", "sinebert_muon_dropping", "sinebert_muon_fused", "sinebert_muon_glu")
 DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 # Three layers: token dropping leaves out the first and the last.
