@@ -5,6 +5,7 @@
     python benchmarks/per_step_learning.py --hidden 256 --contenders dropping dropping_loss   # dropping's policies
     python benchmarks/per_step_learning.py --hidden 256 --contenders rotary --learning_rate 2e-3   # another peak
     python benchmarks/per_step_learning.py --hidden 256 --contenders muon --muon_learning_rate 8e-3   # Muon's peak
+    python benchmarks/per_step_learning.py --hidden 256 --contenders muon --mlm_probability 0.3   # training masks
     python benchmarks/per_step_learning.py --tiny --train_file tests/fixtures/sotu.txt   # seconds
 
 By default sinebert with the cram's pretraining settings (configs/cram/pretrain.yaml) with rotary positions and with the
@@ -84,7 +85,8 @@ def train(model: torch.nn.Module, batches: tta.Batches, steps: int, precision: s
 
 def markdown(report: dict) -> str:
     lines = [f"Per-step learning on {report['text']}, {report['date']}, {report['machine']}, {report['precision']}; "
-             f"{report['steps']} steps of the cram's schedule, batches of {report['batch']} x {report['seq']}, "
+             f"{report['steps']} steps of the cram's schedule, batches of {report['batch']} x {report['seq']} "
+             f"masking {report.get('masking', speed.MASKING):.0%}, "
              f"held-out accuracy on {report['held_out_masked_tokens']:,} masked tokens. Command: "
              f"`{report['command']}`.", "",
              "| hidden | model | " + " | ".join(f"step {s}" for s, _ in report["runs"][0]["accuracy"]) +
@@ -105,12 +107,14 @@ def main(argv=None):
     parser.add_argument("--learning_rate", type=tta.peak_learning_rate, default=tta.PEAK_LR,
                         help="The schedule's peak (default: the cram's, %(default)g).")
     tta.add_muon_argument(parser)
+    tta.add_masking_argument(parser)
     tta.add_text_arguments(parser)
     args = parser.parse_args(argv)
     precision = tta.precision_here()
     train_lines, held_lines, text = tta.text_of(args)
     batches = tta.Batches.of(train_lines, held_lines, 500 if args.tiny else speed.VOCAB,
-                             eval_blocks=tta.TINY_EVAL_BLOCKS if args.tiny else tta.EVAL_BLOCKS)
+                             eval_blocks=tta.TINY_EVAL_BLOCKS if args.tiny else tta.EVAL_BLOCKS,
+                             masking=args.mlm_probability)
     runs = []
     for hidden in [32] if args.tiny else args.hidden:
         for label, name, overrides in (CONTENDERS[key] for key in args.contenders):

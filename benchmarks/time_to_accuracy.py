@@ -5,6 +5,7 @@
     python benchmarks/time_to_accuracy.py --contenders modernbert sinebert sinebert_dropping   # token dropping
     python benchmarks/time_to_accuracy.py --contenders modernbert sinebert --learning_rate 2e-3   # another peak
     python benchmarks/time_to_accuracy.py --contenders modernbert sinebert_muon --muon_learning_rate 8e-3   # Muon's
+    python benchmarks/time_to_accuracy.py --mlm_probability 0.3   # every model masks 30% (held-out accuracy: 15%)
 
 The question of issue 32: does sinebert reach, in half the time, the held-out masked-token accuracy that ModernBERT
 reaches in the whole? ModernBERT gets `--minutes` of its own training seconds; sinebert (the cram's pretraining recipe),
@@ -13,12 +14,13 @@ if asked, sinebert with token dropping, with the mimetic attention initialisatio
 before 2026-12-04), without biases (`sinebert_no_bias`), trained with Muon (`sinebert_muon`, `--optim muon`) or with
 Muon and token dropping (`sinebert_muon_dropping`) or a GLU (`sinebert_muon_glu`) get half as many. Every model has the
 same size as the cram's (hidden 256, 4 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same
-batches in the same order with the same masks, and trains with the cram's optimizer settings (AdamW, or `--optim muon`'s
-split for the Muon ones; peak learning rate 1e-3 or `--learning_rate`, betas 0.9/0.98, weight decay 0.01, gradient norm
-clipped at 1, 6% warmup then linear decay to 0). The schedule runs on each model's own training clock, so each model's
-learning rate reaches 0 exactly when its budget is spent, on whatever machine. The models take turns: the one that has
-used the smallest share of its budget steps next, so a slow minute of a shared host falls on all of them alike.
-Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on the clock.
+batches in the same order with the same masks (15% of the tokens, or `--mlm_probability`), and trains with the cram's
+optimizer settings (AdamW, or `--optim muon`'s split for the Muon ones; peak learning rate 1e-3 or `--learning_rate`,
+betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs on
+each model's own training clock, so each model's learning rate reaches 0 exactly when its budget is spent, on whatever
+machine. The models take turns: the one that has used the smallest share of its budget steps next, so a slow minute of a
+shared host falls on all of them alike. Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on
+the clock.
 
 sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT
 is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's feed-forward),
@@ -85,6 +87,18 @@ def peak_learning_rate(text: str) -> float:
         value = None
     if value is None or not value >= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate; give a number of 0 or more, such as 1e-3.")
+    return value
+
+
+def masking_rate(text: str) -> float:
+    """argparse type of --mlm_probability: a share of the tokens, between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share of tokens to mask; give a number between 0 and 1, "
+                                         "such as 0.15.")
     return value
 
 
@@ -211,14 +225,16 @@ class Batches:
 
     @classmethod
     def of(cls, train_lines: list[str], held_lines: list[str], vocab: int, seq: int = speed.SEQ,
-           batch_size: int = speed.BATCH, eval_blocks: int = EVAL_BLOCKS) -> "Batches":
+           batch_size: int = speed.BATCH, eval_blocks: int = EVAL_BLOCKS, masking: float = speed.MASKING
+           ) -> "Batches":
+        """`masking`: the share of tokens the training batches mask; the held-out blocks always mask the cram's."""
         tokenizer = train_wordpiece(train_lines, vocab_size=vocab)
         blocks = blocks_of(held_lines, tokenizer, seq)[:eval_blocks]
         held = MaskingCollator(tokenizer, speed.MASKING, seed=1, epoch=None)(
             [{"input_ids": b, "example_id": i} for i, b in enumerate(blocks)])
         return cls(len(tokenizer), blocks_of(train_lines, tokenizer, seq),
                    {key: value.to(speed.DEVICE) for key, value in held.items()}, batch_size,
-                   MaskingCollator(tokenizer, speed.MASKING, seed=0))
+                   MaskingCollator(tokenizer, masking, seed=0))
 
     def __call__(self, step: int) -> dict:
         """Batch `step` of the shared order: each block keeps its own mask within an epoch, new ones the next."""
@@ -230,14 +246,15 @@ class Batches:
 
     def report(self) -> dict:
         return {"vocab": self.vocab, "seq": len(self.train[0]), "batch": self.batch_size,
+                "masking": self.collator.mlm_probability,
                 "train_blocks": len(self.train), "held_out_blocks": len(self.held["input_ids"]),
                 "held_out_masked_tokens": int((self.held["labels"] != -100).sum())}
 
 
 def run(train_lines: list[str], held_lines: list[str], minutes: float, precision: str, dims: dict, vocab: int,
         names: tuple = DEFAULT_CONTENDERS, attention: str = "sdpa", peak: float = PEAK_LR,
-        eval_blocks: int = EVAL_BLOCKS, muon_peak: float | None = None) -> dict:
-    batches = Batches.of(train_lines, held_lines, vocab, eval_blocks=eval_blocks)
+        eval_blocks: int = EVAL_BLOCKS, muon_peak: float | None = None, masking: float = speed.MASKING) -> dict:
+    batches = Batches.of(train_lines, held_lines, vocab, eval_blocks=eval_blocks, masking=masking)
     contenders = [Contender(name, build(name, batches.vocab, dims, precision, attention), 60 * minutes * share, peak,
                             muon_peak) for name, _, share in CONTENDERS if name in names]
     marks = {c.name: 0 for c in contenders}  # evaluations done
@@ -283,7 +300,8 @@ def markdown(report: dict) -> str:
     lines = [
         f"Time to accuracy on {report['text']}, {report['date']}, {report['machine']}, {report['precision']};"
         f" hidden {report['dims']['hidden_size']}, {report['dims']['num_hidden_layers']} layers, vocabulary "
-        f"{report['vocab']:,}, batches of {report['batch']} x {report['seq']}; held-out accuracy on "
+        f"{report['vocab']:,}, batches of {report['batch']} x {report['seq']} masking "
+        f"{report.get('masking', speed.MASKING):.0%} of the tokens; held-out accuracy on "
         f"{report['held_out_masked_tokens']:,} masked tokens; peak learning rate "
         f"{report.get('peak_learning_rate', PEAK_LR):g}. Command: `{report['command']}`.",
         "",
@@ -352,6 +370,12 @@ def add_muon_argument(parser: argparse.ArgumentParser):
                              f"{MUON_LEARNING_RATE_RATIO} x --learning_rate, as --optim muon's).")
 
 
+def add_masking_argument(parser: argparse.ArgumentParser):
+    parser.add_argument("--mlm_probability", type=masking_rate, default=speed.MASKING,
+                        help="The share of tokens every model's training batches mask (default: the cram's, "
+                             "%(default)g; ModernBERT's own recipe masks 0.3). Held-out accuracy stays on the cram's.")
+
+
 def add_text_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--work_dir", default=None, help="Where the cram's text is prepared (a temporary folder).")
     parser.add_argument("--train_file", help="Lines of text to train on instead of the cram's (with --held_out_file).")
@@ -385,6 +409,7 @@ def main(argv=None):
     parser.add_argument("--learning_rate", type=peak_learning_rate, default=PEAK_LR,
                         help="Every model's peak learning rate (default: the cram's, %(default)g).")
     add_muon_argument(parser)
+    add_masking_argument(parser)
     add_text_arguments(parser)
     args = parser.parse_args(argv)
     if "modernbert" not in args.contenders:
@@ -394,7 +419,8 @@ def main(argv=None):
     dims = TINY if args.tiny else speed.SIZES["small"]
     report = run(train_lines, held_lines, args.minutes, precision, dims, 500 if args.tiny else speed.VOCAB,
                  tuple(args.contenders), args.modernbert_attention or modernbert_attention(precision),
-                 args.learning_rate, TINY_EVAL_BLOCKS if args.tiny else EVAL_BLOCKS, args.muon_learning_rate)
+                 args.learning_rate, TINY_EVAL_BLOCKS if args.tiny else EVAL_BLOCKS, args.muon_learning_rate,
+                 args.mlm_probability)
     report |= {"text": text, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": speed.machine(),
                "torch": torch.__version__, "platform": platform.platform(),
                "command": "python benchmarks/time_to_accuracy.py " + " ".join(argv or sys.argv[1:])}

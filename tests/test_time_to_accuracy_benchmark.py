@@ -195,3 +195,28 @@ def test_muon_learning_rate_moves_the_muon_matrices_alone(tmp_path):
     (muon,) = json.loads((tmp_path / "muon" / "per_step_learning.json").read_text())["runs"]
     assert len({accuracy for _, accuracy in still["accuracy"]}) == 1
     assert len({accuracy for _, accuracy in muon["accuracy"]}) > 1
+
+
+def test_mlm_probability_masks_the_training_batches_alone_and_the_held_out_tokens_stay_the_crams():
+    tta = load_benchmark()
+    lines = tta.nonblank_lines(ROOT / "tests" / "fixtures" / "sotu.txt")
+    usual, more = (tta.Batches.of(lines, lines, 500, batch_size=16, eval_blocks=8, masking=rate)
+                   for rate in (0.15, 0.3))
+    assert more.report()["masking"] == 0.3 and usual.report()["masking"] == 0.15
+
+    def masked(batch) -> int:
+        return int((batch["labels"] != -100).sum())
+
+    assert masked(more(0)) > 1.6 * masked(usual(0))
+    for key, held in usual.held.items():
+        assert held.equal(more.held[key]), key
+
+
+def test_a_masking_rate_outside_zero_to_one_is_refused_by_name():
+    tta = load_benchmark()
+    import argparse
+
+    assert tta.masking_rate("0.3") == pytest.approx(0.3)
+    for text in ("0", "1", "nan", "abc"):
+        with pytest.raises(argparse.ArgumentTypeError, match=repr(text)):
+            tta.masking_rate(text)
