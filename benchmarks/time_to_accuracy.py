@@ -79,12 +79,17 @@ DEFAULT_CONTENDERS = ("modernbert", "sinebert", "sinebert_glu")
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64)
 
 
+def number_in(text: str) -> float | None:
+    """The number `text` spells, or None."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def peak_learning_rate(text: str) -> float:
     """argparse type of --learning_rate: a number of 0 (weights that never move, a baseline) or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
+    value = number_in(text)
     if value is None or not value >= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate; give a number of 0 or more, such as 1e-3.")
     return value
@@ -92,10 +97,7 @@ def peak_learning_rate(text: str) -> float:
 
 def masking_rate(text: str) -> float:
     """argparse type of --mlm_probability: a share of the tokens, between 0 and 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
+    value = number_in(text)
     if value is None or not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a share of tokens to mask; give a number between 0 and 1, "
                                          "such as 0.15.")

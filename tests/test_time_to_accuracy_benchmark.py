@@ -204,12 +204,11 @@ def test_mlm_probability_masks_the_training_batches_alone_and_the_held_out_token
                    for rate in (0.15, 0.3))
     assert more.report()["masking"] == 0.3 and usual.report()["masking"] == 0.15
 
-    def masked(batch) -> int:
-        return int((batch["labels"] != -100).sum())
+    def masked_share(batch) -> float:  # of the tokens, [CLS] and [SEP] aside (each run trains its own tokenizer)
+        return float((batch["labels"] != -100).sum() / (batch["attention_mask"].sum() - 2 * len(batch["labels"])))
 
-    assert masked(more(0)) > 1.6 * masked(usual(0))
-    for key, held in usual.held.items():
-        assert held.equal(more.held[key]), key
+    assert 0.25 < masked_share(more(0)) < 0.35 and 0.1 < masked_share(usual(0)) < 0.2
+    assert 0.1 < masked_share(more.held) < 0.2 and 0.1 < masked_share(usual.held) < 0.2
 
 
 def test_a_masking_rate_outside_zero_to_one_is_refused_by_name():
