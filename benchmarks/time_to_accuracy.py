@@ -198,8 +198,9 @@ def build(name: str, vocab: int, dims: dict, precision: str, attention: str = "s
     if name == "modernbert":
         config = speed.modernbert_config(dims, attention, vocab)
         return speed.ModernBertForMaskedLM(config).to(speed.DEVICE)
+    glu = glu_settings(dims)
     extra = {"sinebert_dropping": speed.TOKEN_DROPPING, "sinebert_muon_dropping": speed.TOKEN_DROPPING,
-             "sinebert_glu": glu_settings(dims), "sinebert_muon_glu": glu_settings(dims),
+             "sinebert_glu": glu, "sinebert_muon_glu": glu,
              "sinebert_mimetic_init": {"attention_init": "mimetic"}, "sinebert_no_bias": {"bias": False}}.get(name, {})
     config = SineBertConfig(**dims | speed.pretraining_settings() | extra | overrides, vocab_size=vocab,
                             max_position_embeddings=512)
