@@ -16,11 +16,11 @@ Muon and token dropping (`sinebert_muon_dropping`) or a GLU (`sinebert_muon_glu`
 same size as the cram's (hidden 256, 4 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same
 batches in the same order with the same masks (15% of the tokens, or `--mlm_probability`), and trains with the cram's
 optimizer settings (AdamW, or `--optim muon`'s split for the Muon ones; peak learning rate 1e-3 or `--learning_rate`,
-betas 0.9/0.98, weight decay 0.01, gradient norm clipped at 1, 6% warmup then linear decay to 0). The schedule runs on
-each model's own training clock, so each model's learning rate reaches 0 exactly when its budget is spent, on whatever
-machine. The models take turns: the one that has used the smallest share of its budget steps next, so a slow minute of a
-shared host falls on all of them alike. Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on
-the clock.
+betas 0.9/0.98, weight decay 0.01 except on biases and norms, gradient norm clipped at 1, 6% warmup then linear decay to
+0). The schedule runs on each model's own training clock, so each model's learning rate reaches 0 exactly when its
+budget is spent, on whatever machine. The models take turns: the one that has used the smallest share of its budget
+steps next, so a slow minute of a shared host falls on all of them alike. Evaluation (on 256 blocks of the cram's
+held-out lines, fixed masks) is not on the clock.
 
 sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT
 is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's feed-forward),
@@ -49,8 +49,7 @@ from recipes import cram_data  # noqa: E402
 from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
 from sinebert.training.loop import cpu_has_native_bf16, muon_iteration_dtype  # noqa: E402
 from sinebert.training.mlm import MaskingCollator, pack_texts  # noqa: E402
-from sinebert.training.optimizer import (MUON_LEARNING_RATE_RATIO, MuonWithAdamW, fused_row_blocks,  # noqa: E402
-                                         row_blocks_of, takes_muon)
+from sinebert.training.optimizer import MUON_LEARNING_RATE_RATIO, build_optimizer  # noqa: E402
 from sinebert.training.tokenizer import train_wordpiece  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -133,24 +132,21 @@ class Contender:
 
 def optimizer_of(name: str, model: torch.nn.Module, peak: float, muon_peak: float | None = None
                  ) -> torch.optim.Optimizer:
-    """The cram's AdamW (its param group's schedule `peak` the contender's), or for those in MUON `--optim muon`'s
-    MuonWithAdamW: Muon on the matrices `takes_muon` picks at `muon_peak` (by default MUON_LEARNING_RATE_RATIO x the
-    peak), AdamW on the rest, iterating in the dtype the Trainer would pick on the model's device, each fused weight
-    block by block (`fused_row_blocks`) except for "sinebert_muon_fused"."""
-    settings = {"weight_decay": WEIGHT_DECAY, "lr": 0.0}
-    if name not in MUON:
-        return torch.optim.AdamW([{"params": list(model.parameters()), "peak": peak, **settings}], betas=BETAS,
-                                 fused=True)
+    """The optimizer `scripts/pretrain.py` builds with the cram's settings (`build_optimizer`: AdamW, or for those in
+    MUON `--optim muon`'s MuonWithAdamW at `muon_peak`, by default MUON_LEARNING_RATE_RATIO x the peak; no decay on
+    biases and norms; Muon iterating in the dtype the Trainer would pick on the model's device), each param group's
+    schedule peak its learning rate. "sinebert_muon_fused" orthogonalises each fused weight as one matrix."""
     iteration_dtype, _ = muon_iteration_dtype(next(model.parameters()).device)
-    muon_peak = MUON_LEARNING_RATE_RATIO * peak if muon_peak is None else muon_peak
-    matrices, rest = [], []
-    for parameter_name, p in model.named_parameters():  # (the tied decoder appears once, as the word embeddings)
-        (matrices if takes_muon(parameter_name, p, model.config.num_hidden_layers) else rest).append(p)
-    return MuonWithAdamW([{"params": rest, "peak": peak, **settings}],
-                         [{"params": matrices, "peak": muon_peak, **settings}],
-                         betas=BETAS, eps=1e-8, fused=True,
-                         muon={"iteration_dtype": iteration_dtype, "row_blocks": row_blocks_of(
-                             [{"params": matrices}], {} if name == "sinebert_muon_fused" else fused_row_blocks(model))})
+    settings = argparse.Namespace(
+        optim="muon" if name in MUON else "adamw", learning_rate=peak, muon_learning_rate=muon_peak,
+        weight_decay=WEIGHT_DECAY, adam_beta1=BETAS[0], adam_beta2=BETAS[1], adam_epsilon=1e-8,
+        embedding_learning_rate=None, layerwise_lr_decay=1.0)
+    optimizer = build_optimizer(model, settings, iteration_dtype=iteration_dtype)
+    if name == "sinebert_muon_fused":
+        optimizer.parts["muon"].row_blocks = None  # every weight one matrix, as --optim muon did before 2026-12-06
+    for group in optimizer.param_groups:
+        group["peak"], group["lr"] = group["lr"], 0.0
+    return optimizer
 
 
 def next_contender(contenders: list[Contender]) -> Contender | None:

@@ -29,9 +29,7 @@ def test_the_schedule_warms_up_then_decays_to_zero_at_the_end_of_the_budget():
 
 def test_the_contender_furthest_behind_its_budget_steps_next():
     tta = load_benchmark()
-    import torch
-
-    model = torch.nn.Linear(2, 2)
+    model = tta.build("sinebert", 500, tta.TINY, "fp32")
     ahead, behind = tta.Contender("a", model, budget=100.0), tta.Contender("b", model, budget=50.0)
     ahead.seconds, behind.seconds = 40.0, 10.0  # shares 0.4 and 0.2
     assert tta.next_contender([ahead, behind]) is behind
@@ -75,10 +73,27 @@ def test_the_muon_contender_steps_the_encoder_layers_matrices_with_muon_and_the_
     before = {name: p.detach().clone() for name, p in named.items()}
     ids = torch.randint(5, 500, (2, 16), device=tta.speed.DEVICE)
     tta.train_step(contender, {"input_ids": ids, "labels": ids}, "fp32")
-    peaks = [1e-3, tta.MUON_LEARNING_RATE_RATIO * 1e-3]
-    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx(peaks)
+    for group in optimizer.param_groups:
+        peak = 1e-3 if group["optimizer"] == "adamw" else tta.MUON_LEARNING_RATE_RATIO * 1e-3
+        assert group["lr"] == pytest.approx(peak)
     for name in ("sinebert.layers.0.attention.qkv_proj.weight", "sinebert.embeddings.word_embeddings.weight"):
         assert not torch.equal(named[name], before[name]), name
+
+
+@pytest.mark.parametrize("name", ["modernbert", "sinebert", "sinebert_muon"])
+def test_every_contender_decays_its_weights_and_not_its_biases_or_norms_as_the_pretraining_script_does(name):
+    tta = load_benchmark()
+    from torch import nn
+
+    model = tta.build(name, 500, tta.TINY, "fp32")
+    decay = {id(p): group["weight_decay"] for group in tta.Contender(name, model, budget=1.0).optimizer.param_groups
+             for p in group["params"]}
+    norms = [m.weight for m in model.modules() if isinstance(m, nn.LayerNorm) and m.weight is not None]
+    biases = [p for n, p in model.named_parameters() if n.endswith(".bias")]
+    matrices = [p for p in model.parameters() if p.ndim == 2]
+    assert norms and matrices and (biases or name == "modernbert")
+    assert all(decay[id(p)] == 0 for p in norms + biases)
+    assert all(decay[id(p)] == tta.WEIGHT_DECAY for p in matrices)
 
 
 def test_a_learning_rate_that_is_negative_or_not_a_number_is_refused_by_name():
