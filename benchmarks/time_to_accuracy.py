@@ -30,6 +30,7 @@ Writes benchmarks/results/time_to_accuracy.{json,md,png}.
 """
 
 import argparse
+import importlib.util
 import json
 import platform
 import sys
@@ -39,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,11 +53,20 @@ from sinebert.training.optimizer import MUON_LEARNING_RATE_RATIO, build_optimize
 from sinebert.training.tokenizer import train_wordpiece  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-# The cram's optimizer settings, read from its recipe so that the two cannot drift apart.
-_RECIPE = yaml.safe_load(speed.RECIPE.read_text())
-PEAK_LR, WEIGHT_DECAY, MAX_GRAD_NORM, WARMUP = (_RECIPE[key] for key in ("learning_rate", "weight_decay",
-                                                                         "max_grad_norm", "warmup_ratio"))
-BETAS = (0.9, _RECIPE["adam_beta2"])
+
+
+def recipe_arguments() -> argparse.Namespace:
+    """The arguments `scripts/pretrain.py` runs the cram's recipe with: its own parser over the recipe's file, so
+    that the races' optimizer settings and the script's cannot drift apart."""
+    spec = importlib.util.spec_from_file_location("pretrain_script", ROOT / "scripts" / "pretrain.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script.parse_args(["--config_file", str(speed.RECIPE), "--output_dir", "unused"])
+
+
+RECIPE_ARGUMENTS = recipe_arguments()
+PEAK_LR, WEIGHT_DECAY, MAX_GRAD_NORM, WARMUP = (getattr(RECIPE_ARGUMENTS, key) for key in (
+    "learning_rate", "weight_decay", "max_grad_norm", "warmup_ratio"))
 EVAL_BLOCKS, EVALUATIONS = 256, 10
 TINY_EVAL_BLOCKS = 32  # --tiny only checks that it runs: each evaluation 8 times shorter
 # (name, label, share of --minutes): the peer gets the whole budget, sinebert half.
@@ -137,10 +146,8 @@ def optimizer_of(name: str, model: torch.nn.Module, peak: float, muon_peak: floa
     biases and norms; Muon iterating in the dtype the Trainer would pick on the model's device), each param group's
     schedule peak its learning rate. "sinebert_muon_fused" orthogonalises each fused weight as one matrix."""
     iteration_dtype, _ = muon_iteration_dtype(next(model.parameters()).device)
-    settings = argparse.Namespace(
-        optim="muon" if name in MUON else "adamw", learning_rate=peak, muon_learning_rate=muon_peak,
-        weight_decay=WEIGHT_DECAY, adam_beta1=BETAS[0], adam_beta2=BETAS[1], adam_epsilon=1e-8,
-        embedding_learning_rate=None, layerwise_lr_decay=1.0)
+    settings = argparse.Namespace(**vars(RECIPE_ARGUMENTS) | {
+        "optim": "muon" if name in MUON else "adamw", "learning_rate": peak, "muon_learning_rate": muon_peak})
     optimizer = build_optimizer(model, settings, iteration_dtype=iteration_dtype)
     if name == "sinebert_muon_fused":
         optimizer.parts["muon"].row_blocks = None  # every weight one matrix, as --optim muon did before 2026-12-06

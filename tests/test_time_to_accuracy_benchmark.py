@@ -96,6 +96,21 @@ def test_every_contender_decays_its_weights_and_not_its_biases_or_norms_as_the_p
     assert all(decay[id(p)] == tta.WEIGHT_DECAY for p in matrices)
 
 
+def test_the_races_take_the_optimizer_settings_the_pretraining_script_reads_from_the_recipe(tmp_path, monkeypatch):
+    from benchmarks import speed
+
+    recipe = speed.RECIPE.read_text()
+    assert "\nweight_decay: 0.01\n" in recipe and "adam_beta1" not in recipe and "adam_epsilon" not in recipe
+    recipe = recipe.replace("\nweight_decay: 0.01\n", "\nweight_decay: 0.05\nadam_beta1: 0.8\nadam_epsilon: 1.0e-6\n")
+    (tmp_path / "pretrain.yaml").write_text(recipe)
+    monkeypatch.setattr(speed, "RECIPE", tmp_path / "pretrain.yaml")
+    tta = load_benchmark()
+    model = tta.build("sinebert", 500, tta.TINY, "fp32")
+    groups = tta.Contender("sinebert", model, budget=1.0).optimizer.param_groups
+    assert {(group["betas"], group["eps"]) for group in groups} == {((0.8, 0.98), 1e-6)}
+    assert {group["weight_decay"] for group in groups} == {0.0, 0.05}
+
+
 def test_a_learning_rate_that_is_negative_or_not_a_number_is_refused_by_name():
     tta = load_benchmark()
     import argparse
