@@ -3,6 +3,7 @@
     git worktree add ../before <commit>
     python benchmarks/ab.py ../before                            # bf16 SST-2 dev inference
     python benchmarks/ab.py ../before --inference fp32
+    python benchmarks/ab.py ../before --inference fp32 --batch_size 1   # one sentence at a time, as pipeline() serves
     python benchmarks/ab.py ../before --training small bf16      # pretraining steps on full blocks
     python benchmarks/ab.py ../before --training small bf16 --padded   # one padded row in every batch
 
@@ -45,9 +46,10 @@ def speed_module(root: Path):
     return speed
 
 
-def inference_runs(before, after) -> tuple[dict, object]:
-    """One timed pass over the SST-2 dev batches for each of before, after and BERT eager."""
-    batches = after.inference_batches(after.sst2_dev())
+def inference_runs(before, after, batch_size: int) -> tuple[dict, object]:
+    """One timed pass over the SST-2 dev sentences in batches of `batch_size` for each of before, after and BERT
+    eager."""
+    batches = after.inference_batches(after.sst2_dev(), batch_size)
     models = {"before": before.models("small", task="classification")[0].eval(),
               "after": after.models("small", task="classification")[0].eval(),
               "bert_eager": after.models("small", task="classification", bert_attention="eager")[1].eval()}
@@ -93,6 +95,7 @@ def main():
     what.add_argument("--inference", choices=("fp32", "bf16"), default="bf16")
     what.add_argument("--training", nargs=2, metavar=("SIZE", "PRECISION"))
     parser.add_argument("--padded", action="store_true", help="With --training: one padded row in every batch.")
+    parser.add_argument("--batch_size", type=int, default=32, help="With --inference: sentences per batch.")
     parser.add_argument("--repeats", type=int, default=10, help="Timed rounds, after one untimed.")
     args = parser.parse_args()
     root = args.before.resolve()
@@ -108,8 +111,8 @@ def main():
         label = f"training {size} {precision}{' padded' if args.padded else ''}"
     else:
         precision = args.inference
-        runs, context = inference_runs(before, after)
-        label = f"SST-2 dev inference {precision}"
+        runs, context = inference_runs(before, after, args.batch_size)
+        label = f"SST-2 dev inference {precision}, batches of {args.batch_size}"
     times = {name: [] for name in runs}
     with context, after.autocast(precision):
         for repeat in range(args.repeats + 1):

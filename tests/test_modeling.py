@@ -186,6 +186,28 @@ def test_rotary_model_adds_no_position_to_the_embeddings_and_round_trips(tmp_pat
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+def test_rotations_are_looked_up_bit_for_bit_in_a_table_that_loading_refills(tmp_path):
+    """A rotary model keeps the rotation of positions up to max_position_embeddings (`rotary_table`, a cache that is
+    not saved) and looks up those of inputs without position_ids: bit for bit what computing them gives, so the
+    outputs equal those with the same positions given (computed); from_pretrained, which builds the model on the meta
+    device, fills the table again."""
+    positions = torch.randint(0, 64, (3, 5))
+    table = Rotation.table(64, 8, 10000.0)
+    for dtype in (torch.float32, torch.bfloat16):
+        looked_up, computed = Rotation.look_up(table, positions, dtype), Rotation.of(positions, 8, 10000.0, dtype)
+        assert all(torch.equal(a, b) for a, b in zip(looked_up, computed))
+    torch.manual_seed(0)
+    model = SineBertForMaskedLM(tiny_config(position_embedding_type="rotary", attention_init="mimetic")).eval()
+    model.save_pretrained(tmp_path)
+    loaded = SineBertForMaskedLM.from_pretrained(tmp_path).eval()
+    assert "sinebert.rotary_table" not in load_file(tmp_path / "model.safetensors")
+    assert torch.equal(loaded.sinebert.rotary_table, Rotation.table(64, 8, 10000.0))
+    ids = torch.randint(5, 99, (2, 9))
+    with torch.no_grad():
+        given = model(input_ids=ids, position_ids=torch.arange(9)[None]).logits
+        assert torch.equal(model(input_ids=ids).logits, given) and torch.equal(loaded(input_ids=ids).logits, given)
+
+
 def test_turning_heads_in_place_of_the_projection_equals_turning_the_tokens_with_its_gradient():
     """`Rotation.turn_heads` (the fused TurnToHeads) on the strided per-head views of a fused projection gives, in a
     new contiguous tensor, what `Rotation.turn` gives on the tokens, the values copied: bit for bit in bf16, and with
