@@ -15,12 +15,12 @@ before 2026-12-04), without biases (`sinebert_no_bias`), trained with Muon (`sin
 Muon and token dropping (`sinebert_muon_dropping`) or a GLU (`sinebert_muon_glu`) get half as many. Every model has the
 same size as the cram's (hidden 256, 4 layers, vocabulary 16,000, blocks of 128 tokens, global batch 32), sees the same
 batches in the same order with the same masks (15% of the tokens, or `--mlm_probability`), and trains with the cram's
-optimizer settings (AdamW, or `--optim muon`'s split for the Muon ones; peak learning rate 1e-3 or `--learning_rate`,
-betas 0.9/0.98, weight decay 0.01 except on biases and norms, gradient norm clipped at 1, 6% warmup then linear decay to
-0). The schedule runs on each model's own training clock, so each model's learning rate reaches 0 exactly when its
-budget is spent, on whatever machine. The models take turns: the one that has used the smallest share of its budget
-steps next, so a slow minute of a shared host falls on all of them alike. Evaluation (on 256 blocks of the cram's
-held-out lines, fixed masks) is not on the clock.
+optimizer settings, read by `scripts/pretrain.py`'s own parser from configs/cram/pretrain.yaml (AdamW, or
+`--optim muon`'s split for the Muon ones; its betas, weight decay, clipping and warmup; its peak learning rate or
+`--learning_rate`), then linear decay to 0. The schedule runs on each model's own training clock, so each model's
+learning rate reaches 0 exactly when its budget is spent, on whatever machine. The models take turns: the one that has
+used the smallest share of its budget steps next, so a slow minute of a shared host falls on all of them alike.
+Evaluation (on 256 blocks of the cram's held-out lines, fixed masks) is not on the clock.
 
 sinebert starts from scratch here (no CBOW word embeddings: `make cram` spends 2 more minutes on those). ModernBERT
 is as benchmarks/speed.py builds it (every layer global, masked-only head, GLU width 2/3 of BERT's feed-forward),
