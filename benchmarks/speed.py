@@ -673,6 +673,13 @@ def main():
     parser.add_argument("--kernels", action="store_true",
                         help="Time the full-attention kernels alone, and the bf16 roundings; print only.")
     args = parser.parse_args()
+    serving = {"--compiled": args.compiled, "--bf16_weights": args.bf16_weights, "--batch_size": args.batch_size != 32,
+               "--classifier_pooling": args.classifier_pooling != "mean"}
+    if not args.inference_only and any(serving.values()):
+        given = [flag for flag, on in serving.items() if on]
+        parser.error(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --inference_only.")
+    if args.batch_size < 1:
+        parser.error(f"--batch_size must be at least 1, got {args.batch_size}.")
     if args.kernels:
         return print("\n".join(kernel_times() + [""] + rounding_times()))
     if args.compiled_training:

@@ -1,0 +1,42 @@
+"""benchmarks/speed.py: the inference rows at any batch size, and flags that only serving rows read refused elsewhere."""
+
+import importlib.util
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def load_benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("benchmark_speed", ROOT / "benchmarks" / "speed.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+def test_inference_batches_hold_as_many_sentences_as_asked_and_the_table_says_so(sentences):
+    speed = load_benchmark()
+    texts = sentences[:7]
+    one_by_one = speed.inference_batches(texts, batch_size=1)
+    assert [len(batch["input_ids"]) for batch in one_by_one] == [1] * 7
+    assert all(batch["attention_mask"].all() for batch in one_by_one)  # nothing to pad in a batch of one
+    assert [len(batch["input_ids"]) for batch in speed.inference_batches(texts, batch_size=3)] == [3, 3, 1]
+    row = {"precision": "fp32", "pooling": "mean", "batch_size": 1, "sinebert_vs_fastest_peer": 0.98,
+           "fastest_peer": "bert", **{f"{name}_tokens_per_second": 1000.0 for name in
+                                      ("sinebert", "bert", "bert_eager", "modernbert", "modernbert_eager")}}
+    assert "| fp32, sinebert pooling mean, batches of 1 |" in speed.inference_table([row])[2]
+    assert "batches of" not in speed.inference_table([dict(row, batch_size=32)])[2]  # the default says nothing
+
+
+def test_serving_flags_without_inference_only_are_refused_in_one_sentence():
+    for flags, message in ((["--batch_size", "1"], "--batch_size goes with --inference_only."),
+                           (["--compiled", "--bf16_weights"], "--compiled, --bf16_weights go with --inference_only."),
+                           (["--inference_only", "--batch_size", "0"], "--batch_size must be at least 1, got 0.")):
+        result = subprocess.run([sys.executable, "benchmarks/speed.py", *flags], cwd=ROOT, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 2 and message in result.stderr, result.stderr[-1000:]
+        assert "Traceback" not in result.stderr
