@@ -407,6 +407,32 @@ def kernel_times(repeats: int = 5) -> list[str]:
     return lines
 
 
+def small_kernel_times(repeats: int = 200) -> list[str]:
+    """Median microseconds of small full-attention calls in bf16 (4 heads of 64, no mask), SDPA against the matmul
+    kernel, alternating: served (forward, no gradient) and trained (forward and backward). The measurement behind
+    MATMUL_ATTENTION_MIN_SCORES, below which serving keeps SDPA."""
+    from sinebert.attention_sinebert import matmul_attention_forward
+
+    module = torch.nn.Module()
+    kernels = {"sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+               "matmul": lambda q, k, v: matmul_attention_forward(module, q, k, v, None, q.shape[-1] ** -0.5)[0]}
+    lines = ["| (batch, seq) | scores | served: SDPA / matmul us | trained: SDPA / matmul us |", "|---|---|---|---|"]
+    for batch, seq in ((1, 16), (1, 24), (1, 64), (1, 96), (2, 64), (4, 32), (8, 32), (16, 16)):
+        cells = []
+        for grad in (False, True):
+            q, k, v = (torch.randn(batch, 4, seq, 64, dtype=torch.bfloat16, device=DEVICE, requires_grad=grad)
+                       for _ in range(3))
+            times = {name: [] for name in kernels}
+            with torch.set_grad_enabled(grad):
+                for _ in range(repeats):
+                    for name, kernel in kernels.items():
+                        times[name].append(seconds_of(
+                            lambda kernel=kernel: kernel(q, k, v).sum().backward() if grad else kernel(q, k, v)))
+            cells.append(" / ".join(f"{1e6 * statistics.median(times[name]):.0f}" for name in kernels))
+        lines.append(f"| ({batch}, {seq}) | {batch * 4 * seq * seq:,} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
 def rounding_times(repeats: int = 20) -> list[str]:
     """What bf16 unpadded batches round up, and why: the softmax over a bucket's keys, with the keys as they are
     and rounded up to a multiple of 32 (`MATMUL_KEY_MULTIPLE`), and the feed-forward network's first product over
@@ -681,7 +707,7 @@ def main():
     if args.batch_size < 1:
         parser.error(f"--batch_size must be at least 1, got {args.batch_size}.")
     if args.kernels:
-        return print("\n".join(kernel_times() + [""] + rounding_times()))
+        return print("\n".join(kernel_times() + [""] + small_kernel_times() + [""] + rounding_times()))
     if args.compiled_training:
         size, precision, task = args.compiled_training
         if task not in ("mlm", "classification"):

@@ -8,7 +8,8 @@ mask (True where a query may attend) and an output `(batch, q_seq, heads, head_d
     kernel         what it runs                                        where
     varlen         FlashAttention over the sequences packed in a row   full attention under "sdpa", bf16/fp16 on CUDA
     sdpa           PyTorch's scaled_dot_product_attention              full attention under "sdpa" elsewhere
-    matmul         two batched matmuls and a softmax in the dtype      the same, for bf16 on a CPU
+    matmul         two batched matmuls and a softmax in the dtype      the same, for bf16 on a CPU (serving: no
+                                                                       small calls)
     local_blocked  sliding windows in O(seq * window) memory           sliding-window layers under "sdpa"
     eager          the reference, with weights (the band as a mask)    every layer under "eager"; sliding-window
                                                                        layers in an exported graph
@@ -30,6 +31,12 @@ from transformers.modeling_utils import AttentionInterface
 # The matmul kernel writes out the (q_seq, k_seq) scores, which SDPA never does, so it runs only while they are at
 # most this many entries per call (64 MiB in bf16): long inputs keep SDPA's memory-linear kernel.
 MATMUL_ATTENTION_MAX_SCORES = 2**25
+# Serving small inputs, the matmul kernel's several operations (the mask's bias, a product, the softmax, a product)
+# cost more than SDPA's one call: for one sentence of 24 tokens (4 heads of 64, bf16, no gradient) 104 against 34 us,
+# level at 16,384 to 32,768 scores (`python benchmarks/speed.py --kernels`, AMD EPYC with AVX512-BF16, torch 2.13), so
+# where no gradient is taken smaller calls keep SDPA. Training keeps the matmul kernel at every size: with the
+# backward, SDPA took 1.1 to 3.4 times as long from 16,384 scores on, and saved a fifth only on the smallest calls.
+MATMUL_ATTENTION_MIN_SCORES = 2**15
 # PyTorch's bf16 softmax on a CPU is fast along a last dimension that is a multiple of 32 and runs a slow loop over
 # the rest: over 40 keys it took 1.9 times as long as over 64, over 63 keys 4.5 times (`python benchmarks/speed.py
 # --kernels`, AMD EPYC, torch 2.13). Where full attention runs the matmul kernel, the padding-free layout rounds each
@@ -323,12 +330,14 @@ def full_attention_kernel(
 ) -> str:
     """The kernel that full attention runs under `attn_implementation` for inputs of `dtype` on `device` whose scores
     have `scores` entries (batch * heads * q_seq * k_seq): "varlen" on `packed` rows; "sdpa" becomes "matmul" for
-    bf16 on a CPU while the scores fit in MATMUL_ATTENTION_MAX_SCORES."""
+    bf16 on a CPU while the scores fit in MATMUL_ATTENTION_MAX_SCORES and, where no gradient is taken (grad mode off,
+    as serving runs), number at least MATMUL_ATTENTION_MIN_SCORES."""
     if packed:
         return "varlen"
     implementation = attn_implementation or "eager"
     cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
-    if implementation == "sdpa" and cpu_bf16 and scores <= MATMUL_ATTENTION_MAX_SCORES:
+    least = 0 if torch.is_grad_enabled() else MATMUL_ATTENTION_MIN_SCORES
+    if implementation == "sdpa" and cpu_bf16 and least <= scores <= MATMUL_ATTENTION_MAX_SCORES:
         return "matmul"
     return implementation
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .attention_sinebert import (
+    MATMUL_ATTENTION_MIN_SCORES,
     MATMUL_KEY_MULTIPLE,
     full_attention_kernel,
     is_tracing,
@@ -512,11 +513,11 @@ class TokenLoss(nn.Module):
 
 def unpadded_multiples(attn_implementation: str, device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
     """(key_multiple, row_multiple) of `TokenRows.from_mask` for layers computing in `dtype` on `device`:
-    MATMUL_KEY_MULTIPLE where full attention runs the matmul kernel and CPU_BF16_ROW_MULTIPLE for the projections,
-    both for bf16 on a CPU only, else 1."""
+    MATMUL_KEY_MULTIPLE where full attention runs the matmul kernel (on buckets of some size) and
+    CPU_BF16_ROW_MULTIPLE for the projections, both for bf16 on a CPU only, else 1."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return 1, 1
-    matmul = full_attention_kernel(attn_implementation, device, dtype) == "matmul"
+    matmul = full_attention_kernel(attn_implementation, device, dtype, MATMUL_ATTENTION_MIN_SCORES) == "matmul"
     return MATMUL_KEY_MULTIPLE if matmul else 1, CPU_BF16_ROW_MULTIPLE
 
 

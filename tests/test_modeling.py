@@ -19,6 +19,7 @@ from sinebert import (
 )
 from sinebert.attention_sinebert import (
     MATMUL_ATTENTION_MAX_SCORES,
+    MATMUL_ATTENTION_MIN_SCORES,
     MATMUL_KEY_MULTIPLE,
     SINEBERT_ATTENTION_FUNCTIONS,
     full_attention_kernel,
@@ -373,6 +374,9 @@ def test_sdpa_runs_the_matmul_kernel_only_for_bf16_on_a_cpu_while_the_scores_fit
     assert full_attention_kernel("sdpa", cpu, torch.float32, 2 * 4 * 16 * 16) == "sdpa"
     assert full_attention_kernel("sdpa", torch.device("cuda"), bf16) == "sdpa"
     assert full_attention_kernel("eager", cpu, bf16) == "eager"
+    with torch.no_grad():  # serving: small calls keep SDPA's one call, larger ones take the matmul kernel
+        assert full_attention_kernel("sdpa", cpu, bf16, MATMUL_ATTENTION_MIN_SCORES - 1) == "sdpa"
+        assert full_attention_kernel("sdpa", cpu, bf16, MATMUL_ATTENTION_MIN_SCORES) == "matmul"
     monkeypatch.setattr("sinebert.attention_sinebert.MATMUL_ATTENTION_MAX_SCORES", 2 * 4 * 16 * 16 - 1)
     assert full_attention_kernel("sdpa", cpu, bf16, 2 * 4 * 16 * 16) == "sdpa"  # long inputs keep SDPA's kernel
     model = SineBertModel(tiny_config())  # 4 heads
@@ -385,6 +389,10 @@ def test_sdpa_runs_the_matmul_kernel_only_for_bf16_on_a_cpu_while_the_scores_fit
     monkeypatch.setitem(SINEBERT_ATTENTION_FUNCTIONS._local_mapping, "matmul",
                         lambda *args, **kwargs: ran.append("matmul") or matmul_attention_forward(*args, **kwargs))
     model(input_ids=torch.randint(5, 99, (1, 8)))
+    assert ran == ["matmul"] * 2
+    with torch.no_grad():  # served, the same input is a small call
+        assert model.attention_kernels(input_shape=(1, 8)) == ["full_attention via sdpa"] * 2
+        model(input_ids=torch.randint(5, 99, (1, 8)))
     assert ran == ["matmul"] * 2
 
 
@@ -607,10 +615,13 @@ def test_a_bucket_gathers_each_heads_queries_keys_and_values_and_puts_the_output
 
 def test_only_buckets_whose_kernel_reads_each_head_contiguous_get_rows_per_head():
     """The layout asks the kernel a bucket of its size will run: the matmul kernel (bf16 on a CPU, scores up to
-    MATMUL_ATTENTION_MAX_SCORES) reads each head contiguous, SDPA reads whole rows' strided heads."""
+    MATMUL_ATTENTION_MAX_SCORES, served from MATMUL_ATTENTION_MIN_SCORES on) reads each head contiguous, SDPA reads
+    whole rows' strided heads."""
     cpu = torch.device("cpu")
     matmul = per_head_kernel("sdpa", cpu, torch.bfloat16)
-    assert matmul(MATMUL_ATTENTION_MAX_SCORES) and not matmul(MATMUL_ATTENTION_MAX_SCORES + 1)
+    assert matmul(MATMUL_ATTENTION_MAX_SCORES) and not matmul(MATMUL_ATTENTION_MAX_SCORES + 1) and matmul(1)
+    with torch.no_grad():
+        assert matmul(MATMUL_ATTENTION_MIN_SCORES) and not matmul(MATMUL_ATTENTION_MIN_SCORES - 1)
     assert not per_head_kernel("sdpa", cpu, torch.float32)(1) and not per_head_kernel("eager", cpu, torch.bfloat16)(1)
     long, short = buckets([100] * 4 + [5] * 4, heads=2, per_head=lambda scores: scores <= 4 * 2 * 5 * 5)
     assert long.head_rows is None and long.head_slots is None  # 4 x 2 x 100 x 100 scores: whole rows
@@ -622,6 +633,8 @@ def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
     assert unpadded_multiples("sdpa", cpu, torch.float32) == (1, 1)
     assert unpadded_multiples("sdpa", torch.device("cuda"), bf16) == (1, 1)
     assert unpadded_multiples("sdpa", cpu, bf16) == (MATMUL_KEY_MULTIPLE, CPU_BF16_ROW_MULTIPLE) == (32, 16)
+    with torch.no_grad():  # served, the larger buckets still run the matmul kernel
+        assert unpadded_multiples("sdpa", cpu, bf16) == (32, 16)
     assert unpadded_multiples("flex_attention", cpu, bf16) == (1, 16)  # no matmul kernel, no keys rounded up
 
 
