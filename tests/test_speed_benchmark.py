@@ -4,6 +4,8 @@ import importlib.util
 import subprocess
 import sys
 
+import torch
+
 from tests.conftest import ROOT
 
 
@@ -40,3 +42,29 @@ def test_serving_flags_without_inference_only_are_refused_in_one_sentence():
                                 text=True, timeout=300)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-1000:]
         assert "Traceback" not in result.stderr
+
+
+def test_inference_passes_are_timed_in_pieces_with_the_models_taking_turns(monkeypatch):
+    """Drift of the host within a pass must fall on every model alike: the models alternate every PASS_PIECE
+    batches, not every pass."""
+    speed = load_benchmark()
+    calls = []
+
+    class Recorder(torch.nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def forward(self, input_ids, **kwargs):
+            calls.append(self.name)
+
+    monkeypatch.setattr(speed, "models", lambda size, task, pooling="mean", bert_attention="sdpa":
+                        (Recorder("sinebert"), Recorder(f"bert_{bert_attention}")))
+    monkeypatch.setattr(speed, "modernbert", lambda size, task, attention="sdpa": Recorder(f"modernbert_{attention}"))
+    monkeypatch.setattr(speed, "PASS_PIECE", 2)
+    batches = [{"input_ids": torch.ones(1, 3, dtype=torch.long), "attention_mask": torch.ones(1, 3)}] * 5
+    result = speed.inference_throughput("fp32", batches, repeats=1)
+    turn = ["sinebert", "bert_sdpa", "bert_eager", "modernbert_sdpa", "modernbert_eager"]
+    pieces = [name for name in turn for _ in range(2)]  # each model runs a piece of 2 batches, then the next
+    assert calls[:10] == pieces and calls[10:20] == pieces and calls[20:25] == turn  # pieces of 2, 2 and 1
+    assert len(calls) == 2 * 5 * 5 and result["batch_size"] == 1 and result["real_tokens"] == 15
