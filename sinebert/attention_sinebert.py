@@ -8,8 +8,8 @@ mask (True where a query may attend) and an output `(batch, q_seq, heads, head_d
     kernel         what it runs                                        where
     varlen         FlashAttention over the sequences packed in a row   full attention under "sdpa", bf16/fp16 on CUDA
     sdpa           PyTorch's scaled_dot_product_attention              full attention under "sdpa" elsewhere
-    matmul         two batched matmuls and a softmax in the dtype      the same, for bf16 on a CPU (serving: no
-                                                                       small calls)
+    matmul         two batched matmuls and a softmax in the dtype      the same, for bf16 on a CPU (served: from
+                                                                       2^15 scores on)
     local_blocked  sliding windows in O(seq * window) memory           sliding-window layers under "sdpa"
     eager          the reference, with weights (the band as a mask)    every layer under "eager"; sliding-window
                                                                        layers in an exported graph
@@ -117,7 +117,7 @@ class TurnToHeads(torch.autograd.Function):
     @staticmethod
     def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, turned: int, keep_layout: bool) -> torch.Tensor:
         """The forward alone, which serving calls directly: without a gradient to come, the autograd function's
-        bookkeeping cost a third of the turn of one sentence (35 against 26 us for 24 tokens, hidden 256)."""
+        bookkeeping added a third to the turn of one sentence (35 against 26 us for 24 tokens, hidden 256)."""
         # cos (..., head_dim): cos twice; sin (..., head_dim): -sin then sin; both broadcast to x[i]
         half = x.shape[-1] // 2
         dtype = torch.result_type(x, cos)
