@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU measurement in one call, for a machine lent for minutes: the GPU check (with the host's share), speed.py
-# at its two sizes, and time to accuracy on the cram's text. Each part has its own time limit, so that one running
+# at its two sizes and one sentence at a time, and time to accuracy on the cram's text. Each part has its own time limit, so that one running
 # long costs only itself; what each writes is copied to OUTPUT_DIR as soon as it ends.
 #
 #   bash benchmarks/gpu_all.sh OUTPUT_DIR [NAME] [TTA_MINUTES]
@@ -23,5 +23,8 @@ nvidia-smi --query-gpu=name,clocks.sm,utilization.gpu,memory.used --format=csv |
 timeout 240 "$python" -m benchmarks.gpu_check --output_dir "$out/gpu_check"; echo "gpu_check: status $?"
 timeout 300 "$python" benchmarks/speed.py --name "$name"; echo "speed.py: status $?"
 cp benchmarks/results/"$name".json benchmarks/results/"$name".md "$out"/ 2>/dev/null
+# One sentence at a time, as pipeline(...) serves by default: a GPU's host-bound case (one timed pass each, --quick).
+timeout 150 "$python" benchmarks/speed.py --inference_only --batch_size 1 --quick > "$out/one_sentence.md"
+echo "speed.py --batch_size 1: status $?"
 timeout $((60 * minutes * 3 + 60)) "$python" benchmarks/time_to_accuracy.py --minutes "$minutes" ${TTA_ARGS:-} \
     --output_dir "$out/time_to_accuracy"; echo "time_to_accuracy.py: status $?"
