@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement in one call, for a machine lent for minutes: the GPU check (with the host's share), speed.py
-# at its two sizes and one sentence at a time, and time to accuracy on the cram's text. Each part has its own time limit, so that one running
-# long costs only itself; what each writes is copied to OUTPUT_DIR as soon as it ends.
+# at its two sizes and one sentence at a time, and time to accuracy on the cram's text. Each part has its own time
+# limit, so that one running long costs only itself; what each writes is copied to OUTPUT_DIR as soon as it ends.
 #
 #   bash benchmarks/gpu_all.sh OUTPUT_DIR [NAME] [TTA_MINUTES]
 #

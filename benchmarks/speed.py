@@ -352,12 +352,12 @@ def inference_throughput(precision: str, batches: list, repeats: int, compiled: 
             result["compile_seconds"] = {name: timed_pass(model, inputs[name]) for name, model in contenders.items()}
         # Each pass is timed in pieces, the models taking turns piece by piece, so that the host's drift within a
         # pass (a pass of one sentence at a time takes seconds) falls on every model alike.
-        pieces = [range(start, min(start + PASS_PIECE, len(batches))) for start in range(0, len(batches), PASS_PIECE)]
+        pieces = [slice(start, start + PASS_PIECE) for start in range(0, len(batches), PASS_PIECE)]
         for repeat in range(repeats + 1):
             seconds = dict.fromkeys(contenders, 0.0)
             for piece in pieces:
                 for name, model in contenders.items():
-                    seconds[name] += timed_pass(model, [inputs[name][i] for i in piece])
+                    seconds[name] += timed_pass(model, inputs[name][piece])
             if repeat:
                 for name in times:
                     times[name].append(seconds[name])
@@ -385,15 +385,21 @@ def profile_inference(batches: list, rows: int = 12):
 KERNEL_SHAPES = ((32, 4, 128, 64), (32, 8, 128, 64), (8, 4, 512, 64), (2, 4, 2048, 64))
 
 
+def full_attention_alone() -> dict:
+    """PyTorch's scaled_dot_product_attention and sinebert's `matmul_attention_forward`, each `(q, k, v) -> output`
+    without a mask, for timing the kernels alone."""
+    from sinebert.attention_sinebert import matmul_attention_forward
+
+    module = torch.nn.Module()
+    return {"sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+            "matmul": lambda q, k, v: matmul_attention_forward(module, q, k, v, None, q.shape[-1] ** -0.5)[0]}
+
+
 def kernel_times(repeats: int = 5) -> list[str]:
     """Forward and backward milliseconds (best of `repeats`) of full attention without a mask, (batch, heads, seq,
     head_dim) as in KERNEL_SHAPES, through PyTorch's scaled_dot_product_attention and through sinebert's
     `matmul_attention_forward`, in fp32 and bf16: the measurement behind `full_attention_kernel`'s "matmul"."""
-    from sinebert.attention_sinebert import matmul_attention_forward
-
-    module = torch.nn.Module()
-    kernels = {"sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
-               "matmul": lambda q, k, v: matmul_attention_forward(module, q, k, v, None, q.shape[-1] ** -0.5)[0]}
+    kernels = full_attention_alone()
     lines = ["| (batch, heads, seq, head_dim) | dtype | SDPA forward + backward ms | matmul forward + backward ms |",
              "|---|---|---|---|"]
     for shape in KERNEL_SHAPES:
@@ -421,11 +427,7 @@ def small_kernel_times(repeats: int = 200) -> list[str]:
     """Median microseconds of small full-attention calls in bf16 (4 heads of 64, no mask), SDPA against the matmul
     kernel, alternating: served (forward, no gradient) and trained (forward and backward). The measurement behind
     MATMUL_ATTENTION_MIN_SCORES, below which serving keeps SDPA."""
-    from sinebert.attention_sinebert import matmul_attention_forward
-
-    module = torch.nn.Module()
-    kernels = {"sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
-               "matmul": lambda q, k, v: matmul_attention_forward(module, q, k, v, None, q.shape[-1] ** -0.5)[0]}
+    kernels = full_attention_alone()
     lines = ["| (batch, seq) | scores | served: SDPA / matmul us | trained: SDPA / matmul us |", "|---|---|---|---|"]
     for batch, seq in ((1, 16), (1, 24), (1, 64), (1, 96), (2, 64), (4, 32), (8, 32), (16, 16)):
         cells = []
@@ -709,10 +711,9 @@ def main():
     parser.add_argument("--kernels", action="store_true",
                         help="Time the full-attention kernels alone, and the bf16 roundings; print only.")
     args = parser.parse_args()
-    serving = {"--compiled": args.compiled, "--bf16_weights": args.bf16_weights, "--batch_size": args.batch_size != 32,
-               "--classifier_pooling": args.classifier_pooling != "mean"}
-    if not args.inference_only and any(serving.values()):
-        given = [flag for flag, on in serving.items() if on]
+    given = [f"--{dest}" for dest in ("compiled", "bf16_weights", "batch_size", "classifier_pooling")
+             if getattr(args, dest) != parser.get_default(dest)]  # the flags only the serving rows read
+    if given and not args.inference_only:
         parser.error(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --inference_only.")
     if args.batch_size < 1:
         parser.error(f"--batch_size must be at least 1, got {args.batch_size}.")
