@@ -292,7 +292,12 @@ class TokenRows(NamedTuple):
 
     def pad(self, values: torch.Tensor) -> torch.Tensor:
         """`(n_real + fillers, ...)` -> `(batch, seq, ...)`, zeros at the padding; the fillers are dropped."""
-        return self.layout.pad(values[: self.n_real])
+        return self.layout.pad(self.real(values))
+
+    def real(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n_real + fillers, ...)` -> `(n_real, ...)`: values itself where there are no fillers (the gradient of a
+        slice is zeros around a copy)."""
+        return values if len(values) == self.n_real else values[: self.n_real]
 
     def with_fillers(self, *parts: torch.Tensor) -> torch.Tensor:
         """`(n_real, ...)`, whole or in parts one after another -> `(n_real + fillers, ...)`, zeros at the fillers,
@@ -381,10 +386,10 @@ class LayerRows(NamedTuple):
         kernel call on the rows as they are."""
         n_real = self.tokens.n_real
         # (n_real, 3 * hidden) -> 3 x (1, heads, n_real, head_dim): one row holding every sequence
-        grid = qkv[:n_real].view(1, n_real, 3, attention.num_heads, attention.head_dim)
+        grid = self.tokens.real(qkv).view(1, n_real, 3, attention.num_heads, attention.head_dim)
         query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)
         output, _ = attention.attend(query, key, value, None, output_attentions, **self.tokens.packing.kwargs())
-        return output[0].flatten(1)  # (1, n_real, heads, head_dim) -> (n_real, hidden)
+        return output.squeeze(0).flatten(1)  # (1, n_real, heads, head_dim) -> (n_real, hidden)
 
     def _attend_buckets(self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool) -> list:
         """qkv: `(n_real + fillers, 3 * hidden)` -> the `(n_real, hidden)` rows in parts, one per bucket, in order:
@@ -421,8 +426,9 @@ class LayerRows(NamedTuple):
         query = query.view(batch, -1, heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
         key, value = key_value.view(batch, seq, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if rotation is not None:  # turned on the grids, into the layout the kernel takes (zeros at the padding)
-            query = _padded(rotation.select(self.queries.index), self.queries.layout.pad).turn_heads(query[None])[0]
-            key = (rotation if self.tokens is None else _padded(rotation, self.tokens.pad)).turn_heads(key[None])[0]
+            query = _padded(rotation.select(self.queries.index), self.queries.layout.pad).turn_heads(query[None])
+            key = (rotation if self.tokens is None else _padded(rotation, self.tokens.pad)).turn_heads(key[None])
+            query, key = query.squeeze(0), key.squeeze(0)  # (views: select's gradient is zeros around a copy)
         output, _ = attention.attend(query, key, value, mask, output_attentions)  # (batch, queries, heads, head_dim)
         return self.queries.layout.unpad(output).flatten(1)
 

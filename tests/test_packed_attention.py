@@ -165,3 +165,56 @@ def test_the_gpu_path_reads_the_batch_back_once_per_decision(varlen_on_cpu, monk
     with DeviceReads() as counter, torch.no_grad():
         logits = classifier(input_ids=ids * mask, attention_mask=mask).logits
     assert logits.isfinite().all() and len(counter.reads) == 5, counter.reads
+
+
+def _zeros_around_copies(loss: torch.Tensor) -> list[str]:
+    """The nodes of `loss`'s graph that take an activation's gradient through a select or a slice: each writes a
+    tensor of zeros the size of what was indexed, then copies the gradient into it. (Those of a parameter, such as
+    one row of an embedding table, go straight to its accumulated gradient and are left out.)"""
+    found, seen, stack = [], set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        inputs = [function for function, _ in node.next_functions if function is not None]
+        if type(node).__name__ in ("SelectBackward0", "SliceBackward0") and any(
+            type(function).__name__ != "AccumulateGrad" for function in inputs
+        ):
+            found.append(type(node).__name__)
+        stack.extend(inputs)
+    return found
+
+
+class _OneNode(torch.autograd.Function):
+    """`per_sequence_attention` as one node of the graph, as the CUDA kernel is (its own slices are the test's)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, *layout):
+        ctx.save_for_backward(query, key, value)
+        ctx.layout = layout
+        return per_sequence_attention(query, key, value, *layout)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs = [tensor.detach().requires_grad_() for tensor in ctx.saved_tensors]
+        with torch.enable_grad():
+            output = per_sequence_attention(*inputs, *ctx.layout)
+        return *torch.autograd.grad(output, inputs, grad), *(None for _ in ctx.layout)
+
+
+def test_the_gradients_of_activations_pass_through_views_not_indexing(varlen_on_cpu, monkeypatch):
+    """On a GPU, where a small model's step waits on the host's launches, each select or slice of an activation costs
+    two more kernels in the backward (the zeros and the copy into them) and a write of the whole tensor: 16 of them
+    in a 4-layer step of the packed path before `squeeze` took the place of `[0]`. The packed path, and on a CPU
+    the last layer's rows read (`_attend_queries`), have none."""
+    monkeypatch.setattr("sinebert.attention_sinebert._varlen_attn", _OneNode.apply)
+    model = SineBertForMaskedLM(tiny_config(position_embedding_type="rotary", sparse_prediction=True)).train()
+    ids, mask = _batch([12, 5, 9])
+    labels = torch.where((torch.arange(12) % 3 == 0) & mask.bool(), ids, -100)
+    assert model.attention_kernels() == ["full_attention via varlen"] * 2
+    assert _zeros_around_copies(model(input_ids=ids, attention_mask=mask, labels=labels).loss) == []
+    monkeypatch.undo()  # the CPU's layout: length buckets, and the rows read in the last layer
+    assert model.attention_kernels() == ["full_attention via sdpa"] * 2
+    for batch in (dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)):
+        assert _zeros_around_copies(model(**batch, labels=torch.where(mask.bool(), labels, -100)).loss) == []
