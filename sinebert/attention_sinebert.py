@@ -284,8 +284,8 @@ def varlen_attention_forward(
     weights (training with attention_probs_dropout_prob > 0) run the length buckets instead (`packed_attention`)."""
     if dropout:
         raise ValueError(f"The varlen kernel has no attention dropout, got {dropout}; see packed_attention.")
-    # (squeeze, not [0]: the gradient of a view is the view, where select's writes zeros around a copy)
-    query, key, value = (tensor.squeeze(0).transpose(0, 1) for tensor in (query, key, value))  # (total, heads, head_dim)
+    # (total, heads, head_dim); squeeze, not [0]: the gradient of a view is a view, select's is zeros around a copy
+    query, key, value = (tensor.squeeze(0).transpose(0, 1) for tensor in (query, key, value))
     output = _varlen_attn(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
     return output[None], None
 
