@@ -66,18 +66,24 @@ def matmul_attention_forward(
     (it accumulates in float32 for bf16 inputs, as eager's float32 softmax does, and rounds once). Writing the mask
     into bf16 scores with `masked_fill_` took longer than the product itself (170 against 180 us for a bucket of 16
     sequences of 64 tokens, 4 heads); the bias adds 30. `every_query_has_a_key`: the caller's word that no query has
-    every key masked (the length buckets), which spares the pass that zeroes such queries' outputs, as eager does.
+    every key masked (the length buckets), which spares the pass that zeroes such queries' outputs, as eager does;
+    then the mask may be that bias already (`AttentionBucket.mask`, made once for every layer).
     """
     batch, heads, q_seq, head_dim = query.shape
     k_seq = key.shape[2]
     # (batch, heads, seq, head_dim) -> (batch * heads, seq, head_dim): a view of inputs laid out so, else a copy
     query, key, value = (x.reshape(batch * heads, -1, head_dim) for x in (query, key, value))
-    bias = query.new_zeros(())  # broadcast: no mask
-    if attention_mask is not None:
+    if attention_mask is None:
+        bias = query.new_zeros(())  # broadcast
+    else:
         rows = attention_mask.shape[2]  # 1 for a mask of keys alone: the bias stays one row per sequence and head
-        bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
-        bias = bias.masked_fill_(~attention_mask, torch.finfo(query.dtype).min).expand(batch, heads, rows, k_seq)
-        bias = bias.reshape(batch * heads, rows, k_seq)
+        bias = attention_mask
+        if attention_mask.dtype == torch.bool:
+            bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+            bias = bias.masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
+        elif not every_query_has_a_key:
+            raise ValueError("An additive attention mask needs every_query_has_a_key=True; pass a boolean mask.")
+        bias = bias.expand(batch, heads, rows, k_seq).reshape(batch * heads, rows, k_seq)
     scores = torch.baddbmm(bias, query, key.transpose(1, 2), alpha=scaling)  # (batch * heads, q_seq, k_seq)
     weights = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
     output = torch.bmm(weights, value).view(batch, heads, q_seq, head_dim)

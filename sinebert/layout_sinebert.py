@@ -118,7 +118,10 @@ class AttentionBucket(NamedTuple):
     # row of the bucket: they are masked as keys and dropped as queries, so nothing needs zeroing.
     grid: torch.Tensor
     q_seq: int
-    mask: torch.Tensor | None  # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one
+    # (batch, 1, 1, k_seq) True at real tokens, or None when every place is one; or, for the kernels that add a mask
+    # as it is (SDPA, the matmul kernel), that mask made once for every layer: 0 at real tokens, the dtype's minimum
+    # elsewhere (from a boolean one, SDPA makes it again in each call: three more operations a layer and bucket)
+    mask: torch.Tensor | None
     slots: torch.Tensor  # (its rows,) the place of each of the bucket's rows in the grid's q_seq columns, flattened
     # Kernels that read strided heads (SDPA) take the grid's whole rows, which gather fastest: then both are None.
     # The matmul kernel needs each head contiguous, which one gather of rows of head_dim lays out: `head_rows` is the
@@ -137,7 +140,7 @@ class AttentionBucket(NamedTuple):
 
 def attention_buckets(
     on_device: torch.Tensor, on_host: list[int], heads: int, key_multiple: int = 1,
-    per_head: Callable[[int], bool] | None = None,
+    per_head: Callable[[int], bool] | None = None, mask_dtype: torch.dtype | None = None,
 ) -> tuple[AttentionBucket, ...]:
     """Splits sequences of lengths `on_device` `(batch,)` (longest first; their rows follow one another in that
     order; `on_host` the same as a list) into at most MAX_BUCKETS runs of equal count, as many as make the padded
@@ -146,7 +149,7 @@ def attention_buckets(
     made from `on_device` on its device: a copy of the list there would wait for the device as a read does. `heads`:
     the attention heads; `per_head`: whether the kernel of a bucket with so many scores (batch * heads * q_seq *
     k_seq) reads each head contiguous (`per_head_kernel`), which gives that bucket `head_rows` and `head_slots`
-    (None: no bucket's does)."""
+    (None: no bucket's does); `mask_dtype`: that of additive masks (`AttentionBucket.mask`), None for boolean ones."""
     lengths = [n for n in on_host if n]
     if not lengths:
         return ()
@@ -166,14 +169,15 @@ def attention_buckets(
     buckets, start, first = [], 0, 0  # (first: the run's first sequence)
     for run in splits[costs.index(min(costs))]:
         full = run[-1] == keys(run)  # the shortest fills every key
-        buckets.append(_bucket(on_device, start, first, len(run), run[0], sum(run), keys(run), full, heads, per_head))
+        buckets.append(_bucket(on_device, start, first, len(run), run[0], sum(run), keys(run), full, heads, per_head,
+                               mask_dtype))
         start, first = start + sum(run), first + len(run)
     return tuple(buckets)
 
 
 def one_bucket(
     on_device: torch.Tensor, sequences: int, longest: int, total: int, heads: int, key_multiple: int = 1,
-    per_head: Callable[[int], bool] | None = None,
+    per_head: Callable[[int], bool] | None = None, mask_dtype: torch.dtype | None = None,
 ) -> tuple[AttentionBucket, ...]:
     """Every sequence in one bucket, from three totals: the sequences with tokens, the longest and the tokens. What
     `torch.compile` runs: choosing buckets from each length would make dynamo guard on every length and compile the
@@ -181,7 +185,7 @@ def one_bucket(
     if not sequences:
         return ()
     keys = _round_up(longest, key_multiple)
-    return (_bucket(on_device, 0, 0, sequences, longest, total, keys, False, heads, per_head),)
+    return (_bucket(on_device, 0, 0, sequences, longest, total, keys, False, heads, per_head, mask_dtype),)
 
 
 def _round_up(count: int, multiple: int) -> int:
@@ -191,7 +195,7 @@ def _round_up(count: int, multiple: int) -> int:
 
 def _bucket(
     on_device: torch.Tensor, start: int, first: int, count: int, longest: int, total: int, keys: int, full: bool,
-    heads: int, per_head: Callable[[int], bool] | None,
+    heads: int, per_head: Callable[[int], bool] | None, mask_dtype: torch.dtype | None = None,
 ) -> AttentionBucket:
     """The bucket of the `count` sequences from `first` on (lengths `on_device`, longest first), whose `total` rows
     start at row `start`: a grid of `keys` columns, its queries the first `longest`; `full`: every sequence fills
@@ -204,6 +208,9 @@ def _bucket(
     real = columns < counts  # (batch, k_seq)
     grid = torch.where(real, starts + columns, start)
     mask = None if full else real[:, None, None, :]
+    if mask is not None and mask_dtype is not None:
+        mask = torch.zeros(mask.shape, dtype=mask_dtype, device=mask.device)
+        mask = mask.masked_fill_(~real[:, None, None, :], torch.finfo(mask_dtype).min)
     row, column = torch.nonzero_static(real[:, :longest], size=total).unbind(1)  # (its rows,) each
     head_rows = head_slots = None
     if per_head is not None and per_head(count * heads * longest * keys):
@@ -252,12 +259,13 @@ class TokenRows(NamedTuple):
     def from_mask(
         cls, attention_mask: torch.Tensor, heads: int, key_multiple: int = 1, row_multiple: int = 1,
         packed: bool = False, lengths: list[int] | None = None, per_head: Callable[[int], bool] | None = None,
+        mask_dtype: torch.dtype | None = None,
     ) -> "TokenRows":
         """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
         `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS; `packed`: the sequences'
         boundaries instead of buckets; `lengths`: each row's count of True places where the caller has read them
         (else they are read here: every size below comes from that one read; under torch.compile three totals,
-        `one_bucket`); `heads` and `per_head`: as `attention_buckets` takes them."""
+        `one_bucket`); `heads`, `per_head` and `mask_dtype`: as `attention_buckets` takes them."""
         real = attention_mask.bool()
         counts = real.sum(1)  # (batch,)
         order = torch.argsort(counts, descending=True, stable=True)
@@ -277,9 +285,9 @@ class TokenRows(NamedTuple):
             cu_seq_lens = torch.nn.functional.pad(sorted_lengths[:sequences].cumsum(0), (1, 0)).to(torch.int32)
             return cls(layout, (), rows, Packing(cu_seq_lens, longest))
         if compiling:
-            buckets = one_bucket(sorted_lengths, sequences, longest, n_real, heads, key_multiple, per_head)
+            buckets = one_bucket(sorted_lengths, sequences, longest, n_real, heads, key_multiple, per_head, mask_dtype)
         else:
-            buckets = attention_buckets(sorted_lengths, on_host, heads, key_multiple, per_head)
+            buckets = attention_buckets(sorted_lengths, on_host, heads, key_multiple, per_head, mask_dtype)
         return cls(layout, buckets, rows)
 
     @property
@@ -552,8 +560,13 @@ class TokenLayout:
             grid = torch.arange(shape[1], device=device)[None] if position_ids is None else position_ids
             self.position_grid = grid.expand(shape)
         fast = config._attn_implementation != "eager" and not is_tracing()
-        multiples = unpadded_multiples(config._attn_implementation, device, dtype) if fast else None
-        per_head = per_head_kernel(config._attn_implementation, device, dtype) if fast else None
+        rows = None  # TokenRows.from_mask's settings for this pass (None: the reference keeps the padded batch)
+        if fast:
+            implementation = config._attn_implementation
+            key_multiple, row_multiple = unpadded_multiples(implementation, device, dtype)
+            rows = dict(key_multiple=key_multiple, row_multiple=row_multiple, packed=packed,
+                        per_head=per_head_kernel(implementation, device, dtype),
+                        mask_dtype=dtype if implementation == "sdpa" else None)  # (its kernels add masks as they are)
         # Each row's count of real tokens: the one read of the attention mask, for the padding mask and the rows.
         lengths = [shape[1]] * shape[0] if attention_mask is None else None
         if attention_mask is not None and attention_mask.dim() == 2 and not is_tracing():
@@ -565,8 +578,7 @@ class TokenLayout:
         self.tokens = None
         if self.packed or fast and self.masks["full_attention"] is not None:
             real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
-            self.tokens = TokenRows.from_mask(real, config.num_attention_heads, *multiples, packed=self.packed,
-                                              lengths=lengths, per_head=per_head)
+            self.tokens = TokenRows.from_mask(real, config.num_attention_heads, lengths=lengths, **rows)
         self.queries = self.output_mask = None
         if output_mask is not None:
             read = _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read "
@@ -577,7 +589,7 @@ class TokenLayout:
                 self.queries = QueryRows.from_mask(output_mask, self.tokens, *read)
         self.dropping = ()  # the layers of token dropping
         if kept_tokens is not None:
-            self._drop(config, kept_tokens.bool(), attention_mask, shape, multiples, per_head)
+            self._drop(config, kept_tokens.bool(), attention_mask, shape, rows)
         self.last_layer = config.num_hidden_layers - 1
 
     @staticmethod
@@ -596,7 +608,7 @@ class TokenLayout:
                 )
         return masks
 
-    def _drop(self, config, kept: torch.Tensor, attention_mask, shape, multiples, per_head):
+    def _drop(self, config, kept: torch.Tensor, attention_mask, shape, rows: dict | None):
         if config.token_dropping_layers is None:
             raise ValueError("kept_tokens needs config.token_dropping_layers, the layers that compute only them.")
         # Checked here, not in the config: a checkpoint pretrained with token dropping may be read with windows.
@@ -611,11 +623,11 @@ class TokenLayout:
                                    "kept_tokens includes padding (attention_mask 0); keep real tokens only.")
         self.dropping, self.kept = tuple(config.token_dropping_range), kept
         self.kept_rows = self.kept_index = None  # under the reference the kept tokens are a mask
-        if multiples is not None:
-            self.kept_rows = TokenRows.from_mask(kept, config.num_attention_heads, *multiples, packed=self.packed,
-                                                 lengths=counts, per_head=per_head)
-            rows = self.kept_rows.rows
-            self.kept_index = rows if self.tokens is None else self.tokens.rows_of(rows)  # (n_kept + fillers,)
+        if rows is not None:
+            self.kept_rows = TokenRows.from_mask(kept, config.num_attention_heads, lengths=counts, **rows)
+            kept_rows = self.kept_rows.rows
+            # (n_kept + fillers,)
+            self.kept_index = kept_rows if self.tokens is None else self.tokens.rows_of(kept_rows)
 
     def embed(self, embeddings, input_ids, token_type_ids, position_ids, inputs_embeds, case_ids) -> torch.Tensor:
         """The embeddings of the rows the first layer computes: `(n_real + fillers, hidden)` on the fast path, else

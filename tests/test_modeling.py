@@ -29,6 +29,7 @@ from sinebert.attention_sinebert import (
 from sinebert.layout_sinebert import (
     BUCKET_COST,
     CPU_BF16_ROW_MULTIPLE,
+    TokenLayout,
     TokenLoss,
     TokenRows,
     _gather_heads,
@@ -628,6 +629,33 @@ def test_a_bucket_grid_puts_each_sequence_at_the_front_of_its_row_and_repeats_a_
     assert ragged.grid[:, :5].flatten()[ragged.slots].tolist() == list(range(390, 405))
     (rounded,) = buckets([50] * 8, key_multiple=32)
     assert rounded.grid.shape == (8, 64) and rounded.q_seq == 50 and rounded.mask[:, 0, 0].sum(1).tolist() == [50] * 8
+
+
+def test_under_sdpa_a_buckets_mask_is_made_once_for_every_layer_as_its_kernels_add_it():
+    """SDPA turns a boolean mask into an additive one in every call (three operations a layer and bucket, each a
+    kernel launch on a GPU), and the matmul kernel into its bias: under "sdpa" each bucket's mask is that additive
+    mask, made once in the dtype the layers compute in, and both kernels give what they give from the boolean one,
+    bit for bit. Under other implementations the masks stay boolean."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [9, 9, 8, 3, 3, 2]
+    mask = (torch.arange(9) < torch.tensor(lengths)[:, None]).long()
+    config = tiny_config(attn_implementation="sdpa")
+    for dtype in (torch.float32, torch.bfloat16):
+        layout = TokenLayout(config, mask, None, None, None, mask.shape, mask.device, dtype, False)
+        ragged = [bucket for bucket in layout.tokens.buckets if bucket.mask is not None][0]
+        key_multiple = unpadded_multiples("sdpa", mask.device, dtype)[0]
+        (boolean,) = [b for b in buckets(lengths, key_multiple, 4) if b.mask is not None and b.rows == ragged.rows]
+        assert ragged.mask.dtype == dtype and torch.equal(ragged.mask == 0, boolean.mask)
+        assert (ragged.mask[~boolean.mask] == torch.finfo(dtype).min).all()
+        batch, k_seq = ragged.grid.shape
+        query, key, value = (torch.randn(batch, 4, k_seq, 8, generator=generator).to(dtype) for _ in range(3))
+        module = torch.nn.Module().eval()
+        for kernel in (SINEBERT_ATTENTION_FUNCTIONS["sdpa"], matmul_attention_forward):
+            outputs = [kernel(module, query, key, value, m, scaling=0.5, every_query_has_a_key=True)[0]
+                       for m in (ragged.mask, boolean.mask)]
+            assert torch.equal(*outputs)
+    eager = tiny_config(attn_implementation="eager")
+    assert TokenLayout(eager, mask, None, None, None, mask.shape, mask.device, torch.float32, False).tokens is None
 
 
 def test_a_bucket_gathers_each_heads_queries_keys_and_values_and_puts_the_outputs_back_in_its_rows():
