@@ -15,8 +15,10 @@ network, no install), so that it runs as is on a lent GPU machine. Writes check.
 - mixed-length inference over SST-2 dev's lengths in batches of 32, bf16 and fp32;
 - one forward pass of 32,768 tokens with a sliding window of 128 and a global [CLS], bf16;
 - the host's share at the cram's size (hidden 256, 4 layers), where a GPU waits on the host: per training step and
-  per 4 inference batches, the wall time, the device's busy time (the profiler's kernel time) and the reads of values
-  back to the host, each a wait for the device; sinebert also with fp32's length buckets held to one (an A/B).
+  per 4 inference batches, the wall time, the device's busy time (the profiler's kernel time), the operations that
+  are not views (about one kernel launch each) and the reads of values back to the host, each a wait for the device;
+  sinebert also with fp32's length buckets held to one (an A/B). On a CPU (--device cpu) the wall times and counts
+  stand in for a GPU's host: the arithmetic of the quick sizes is a small part of each call.
 """
 
 import argparse
@@ -310,9 +312,22 @@ class DeviceReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class Operations(TorchDispatchMode):
+    """Counts the operations that are not views: on a GPU about one kernel launch each, the host's work per call."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
 def host_share(function, device: torch.device, repeats: int) -> dict:
     """Wall milliseconds of `function` (median of `repeats` synchronised calls after 3), the device's busy
-    milliseconds in one call (the profiler's kernel time; None on a CPU) and the reads of values in one call."""
+    milliseconds in one call (the profiler's kernel time; None on a CPU), and the operations (`Operations`) and the
+    reads of values in one call."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -332,7 +347,10 @@ def host_share(function, device: torch.device, repeats: int) -> dict:
         busy = sum(event.self_device_time_total for event in trace.key_averages()) / 1000
     with DeviceReads() as counter:
         function()
-    return {"wall_ms": 1000 * statistics.median(seconds), "device_ms": busy, "reads": len(counter.reads)}
+    with Operations() as operations:
+        function()
+    return {"wall_ms": 1000 * statistics.median(seconds), "device_ms": busy, "operations": operations.count,
+            "reads": len(counter.reads)}
 
 
 def host_models(size: dict, task: str) -> dict:
@@ -457,14 +475,16 @@ def markdown(report: dict) -> str:
             lines.append(f"| {row['precision']} | {name} | {cell['tokens_per_second']:,.0f} |")
         lines.append(f"| | sinebert / fastest peer | {row['sinebert_over_fastest_peer']:.2f}x |")
     lines += ["", "## The host's share at the cram's size", "",
-              "| part | model | precision | wall ms | device busy ms | reads of values |", "|---|---|---|---|---|---|"]
+              "| part | model | precision | wall ms | device busy ms | operations | reads of values |",
+              "|---|---|---|---|---|---|---|"]
     for row in report.get("host", []):
         if "error" in row:
-            lines.append(f"| - | - | - | **{row['error']}** | | |")
+            lines.append(f"| - | - | - | **{row['error']}** | | | |")
             continue
         busy = "-" if row["device_ms"] is None else f"{row['device_ms']:.2f}"
+        operations = row.get("operations", "-")  # (not counted before 2026-12-07)
         lines.append(f"| {row['part']} | {row['model']} | {row['precision']} | {row['wall_ms']:.2f} | {busy} "
-                     f"| {row['reads']} |")
+                     f"| {operations} | {row['reads']} |")
     long = report["long_forward"]
     lines += ["", f"## One forward pass of {long['tokens']:,} tokens, sliding window 128, bf16", ""]
     if "error" in long:
