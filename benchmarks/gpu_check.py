@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_check --output_dir runs/gpu_check    # on one H200: under a minute (42 s on 2026-12-04)
     python -m benchmarks.gpu_check --device cpu --quick           # the same path in seconds, tiny sizes (the suite)
+    python -m benchmarks.gpu_check --device cpu --host_only       # the host's share alone, printed: 3 minutes here
 
 Run from the repository root; it needs only torch, transformers and the repository's `sinebert/` (no datasets, no
 network, no install), so that it runs as is on a lent GPU machine. Writes check.json and check.md to --output_dir:
@@ -474,17 +475,7 @@ def markdown(report: dict) -> str:
         for name, cell in row["models"].items():
             lines.append(f"| {row['precision']} | {name} | {cell['tokens_per_second']:,.0f} |")
         lines.append(f"| | sinebert / fastest peer | {row['sinebert_over_fastest_peer']:.2f}x |")
-    lines += ["", "## The host's share at the cram's size", "",
-              "| part | model | precision | wall ms | device busy ms | operations | reads of values |",
-              "|---|---|---|---|---|---|---|"]
-    for row in report.get("host", []):
-        if "error" in row:
-            lines.append(f"| - | - | - | **{row['error']}** | | | |")
-            continue
-        busy = "-" if row["device_ms"] is None else f"{row['device_ms']:.2f}"
-        operations = row.get("operations", "-")  # (not counted before 2026-12-07)
-        lines.append(f"| {row['part']} | {row['model']} | {row['precision']} | {row['wall_ms']:.2f} | {busy} "
-                     f"| {operations} | {row['reads']} |")
+    lines += ["", "## The host's share at the cram's size", "", *host_table(report.get("host", []))]
     long = report["long_forward"]
     lines += ["", f"## One forward pass of {long['tokens']:,} tokens, sliding window 128, bf16", ""]
     if "error" in long:
@@ -495,16 +486,35 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def host_table(rows: list[dict]) -> list[str]:
+    lines = ["| part | model | precision | wall ms | device busy ms | operations | reads of values |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| - | - | - | **{row['error']}** | | | |")
+            continue
+        busy = "-" if row["device_ms"] is None else f"{row['device_ms']:.2f}"
+        operations = row.get("operations", "-")  # (not counted before 2026-12-07)
+        lines.append(f"| {row['part']} | {row['model']} | {row['precision']} | {row['wall_ms']:.2f} | {busy} "
+                     f"| {operations} | {row['reads']} |")
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu.")
     parser.add_argument("--quick", action="store_true", help="Tiny sizes and few steps: checks the path in seconds.")
     parser.add_argument("--output_dir", default="runs/gpu_check", help="Where check.json and check.md go.")
+    parser.add_argument("--host_only", action="store_true",
+                        help="Only the host's share, printed, not saved. On a CPU its counts of operations and reads "
+                             "are a GPU's host work (in fp32; bf16 takes the CPU's own kernels); its times are not.")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "error: --device cuda, but torch sees no GPU here; run on a GPU machine or pass --device cpu.\n")
     size = QUICK if args.quick else FULL
+    if args.host_only:
+        return print("\n".join(host_table(host_overhead(size, device))))
     started = time.perf_counter()
     command = shlex.join(["python", "-m", "benchmarks.gpu_check", *(sys.argv[1:] if argv is None else argv)])
     report = {"quick": args.quick, "environment": environment(device), "command": command}

@@ -56,3 +56,15 @@ def test_the_check_trains_sinebert_as_the_cram_recipe_does():
     recipe = yaml.safe_load((ROOT / "configs" / "cram" / "pretrain.yaml").read_text())
     settings = {key: value for key, value in gpu_check.RECIPE.items() if key != "sparse_prediction"}  # (a flag)
     assert settings == {key: recipe[key] for key in settings}
+
+
+@pytest.mark.slow
+def test_the_host_part_alone_prints_its_table_and_writes_nothing(tmp_path, capsys):
+    from benchmarks import gpu_check
+
+    gpu_check.main(["--device", "cpu", "--quick", "--host_only", "--output_dir", str(tmp_path / "check")])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| training step")]
+    assert [row.split(" | ")[1:3] for row in rows] == [[model, precision] for precision in ("fp32", "bf16")
+                                                        for model in ("sinebert", "bert_sdpa", "modernbert_sdpa")]
+    assert all(int(row.split(" | ")[5]) > 0 for row in rows)  # the operations counted
+    assert not (tmp_path / "check").exists()
