@@ -183,8 +183,13 @@ class SineBertEmbeddings(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         case_ids: torch.LongTensor | None = None,
     ) -> torch.Tensor:
+        checks = [(input_ids if inputs_embeds is None else None, self.config.vocab_size, "input_ids", "vocab_size")]
+        if self.case_embeddings is not None:
+            checks.append((case_ids, len(self.case_embeddings), "case_ids", "letter case classes"))
+        if self.token_type_embeddings is not None:
+            checks.append((token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size"))
+        _check_ids(*checks)  # every id this pass looks up, in one read
         if inputs_embeds is None:
-            _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
             inputs_embeds = self.word_embeddings(input_ids)  # (batch, seq, hidden)
         if self.segment_match is not None and token_type_ids is not None:
             if input_ids is None:
@@ -202,7 +207,6 @@ class SineBertEmbeddings(nn.Module):
                     "the model's SineBertTokenizer, which returns them (`import sinebert` before "
                     "AutoTokenizer.from_pretrained, or trust_remote_code=True)."
                 )
-            _check_ids(case_ids, self.case_embeddings.shape[0], "case_ids", "letter case classes")
             inputs_embeds = inputs_embeds + F.embedding(case_ids, self.case_embeddings)  # as segment_match
         embeddings = inputs_embeds * self.embedding_scale
         if self.absolute_positions:
@@ -212,7 +216,6 @@ class SineBertEmbeddings(nn.Module):
             if token_type_ids is None:
                 embeddings = embeddings + self.token_type_embeddings.weight[0]
             else:
-                _check_ids(token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size")
                 embeddings = embeddings + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(embeddings))
 
@@ -229,11 +232,16 @@ def cross_segment_matches(
     return torch.isin(keys ^ 1, keys)  # the same row and id, the other segment
 
 
-def _check_ids(ids: torch.Tensor, size: int, name: str, config_name: str):
-    if is_tracing():  # a check of values, which an exported graph cannot branch on
+def _check_ids(*checks: tuple[torch.Tensor | None, int, str, str]):
+    """Each (ids, size, name, config_name): ids (None: not looked up) within [0, size), all in one read of the device
+    (a wait for it on a GPU)."""
+    checks = [check for check in checks if check[0] is not None and check[0].numel()]
+    if is_tracing() or not checks:  # (a check of values, which an exported graph cannot branch on)
         return
-    low, high = torch.stack(torch.aminmax(ids)).tolist() if ids.numel() else (0, 0)  # one read of the device
-    if low < 0 or high >= size:
+    bounds = torch.stack([bound.long() for ids, *_ in checks for bound in torch.aminmax(ids)]).tolist()
+    for (ids, size, name, config_name), low, high in zip(checks, bounds[::2], bounds[1::2]):
+        if low >= 0 and high < size:
+            continue
         bad = ids[(ids < 0) | (ids >= size)][0].item()
         raise ValueError(
             f"{name} contains {bad}, outside [0, {size}) of the model's {config_name}; use the tokenizer this model "

@@ -1359,3 +1359,5 @@ def test_out_of_range_token_ids_get_a_clear_error():
     model = SineBertModel(tiny_config())
     with pytest.raises(ValueError, match="contains 120, outside \\[0, 99\\)"):
         model(input_ids=torch.tensor([[1, 120]]))
+    with pytest.raises(ValueError, match="token_type_ids contains 2, outside \\[0, 2\\) of the model's type_vocab"):
+        model(input_ids=torch.tensor([[1, 12]]), token_type_ids=torch.tensor([[0, 2]], dtype=torch.int32))

@@ -149,8 +149,8 @@ def test_the_gpu_path_reads_the_batch_back_once_per_decision(varlen_on_cpu, monk
     """On a GPU each read of the batch's values waits for the device. A masked-LM training step on full blocks (the
     cram's, rotary positions) reads twice: the ids' range, and the labels' counts per row with their check. A padded
     batch of the classifier reads five times: whether every row starts with a token, the rows' lengths, the [CLS]
-    rows' counts with their check, the ids, and the absolute positions' largest. (Before: 11 and 14, one read per
-    `nonzero`, `int()`, `bool()` and boolean mask.)"""
+    rows' counts with their check, the ids with the token types, and the absolute positions' largest. (Before: 11 and
+    14, one read per `nonzero`, `int()`, `bool()` and boolean mask; the token types had a read of their own.)"""
     monkeypatch.setattr("sinebert.attention_sinebert._varlen_attn", lambda q, *args: q)  # (the kernel's own reads)
     model = SineBertForMaskedLM(tiny_config(position_embedding_type="rotary", sparse_prediction=True)).train()
     ids = torch.randint(5, 99, (3, 16), generator=torch.Generator().manual_seed(0))
@@ -163,7 +163,7 @@ def test_the_gpu_path_reads_the_batch_back_once_per_decision(varlen_on_cpu, monk
     classifier = SineBertForSequenceClassification(tiny_config(num_labels=2)).eval()
     mask = (torch.arange(16) < torch.tensor([16, 9, 12])[:, None]).long()
     with DeviceReads() as counter, torch.no_grad():
-        logits = classifier(input_ids=ids * mask, attention_mask=mask).logits
+        logits = classifier(input_ids=ids * mask, attention_mask=mask, token_type_ids=torch.zeros_like(ids)).logits
     assert logits.isfinite().all() and len(counter.reads) == 5, counter.reads
 
 
