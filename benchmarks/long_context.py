@@ -1,4 +1,5 @@
-"""Long inputs: time and peak memory of full versus local attention, and how far sinusoidal positions extrapolate.
+"""Long inputs: time and peak memory of full versus local attention, beside transformers' ModernBERT with the same
+local layers, and how far sinusoidal positions extrapolate.
 
     python benchmarks/long_context.py speed          # one forward pass, L = 512 .. 32k, each in a fresh process
     python benchmarks/long_context.py extrapolation  # pretrain at 128 tokens, masked-token accuracy at 128..2048
@@ -23,6 +24,7 @@ import torch
 from sinebert.training.reporting import peak_rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # (benchmarks.speed, when run as a script)
 RESULTS = ROOT / "benchmarks" / "results"
 SHARED_DATA = ROOT.parent / "shared" / "data"
 LENGTHS = (512, 2048, 8192, 32768)
@@ -31,6 +33,7 @@ MODEL_SIZE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, i
 # The extrapolation model is tiny: a few minutes of pretraining on 2 shared cores (~1M tokens) barely move a larger one
 # off predicting the most frequent token.
 EXTRAPOLATION_MODEL_SIZE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)
+VOCAB = 8192
 EAGER_SCORE_LIMIT_GIB = 6.0  # eager attention materialises (heads, L, L) fp32 scores; beyond this it is not run
 
 
@@ -38,7 +41,8 @@ EAGER_SCORE_LIMIT_GIB = 6.0  # eager attention materialises (heads, L, L) fp32 s
 class Setup:
     label: str
     attn_implementation: str
-    local: dict = field(default_factory=dict)
+    local: dict = field(default_factory=dict)  # sinebert's settings of local attention
+    model: str = "sinebert"  # or "modernbert": transformers' ModernBERT, the same layers local (`modernbert_model`)
 
 
 SPEED_SETUPS = {
@@ -50,6 +54,13 @@ SPEED_SETUPS = {
     ),
     "local": Setup(
         "local w=128 in every layer, [CLS] global", "sdpa", dict(sliding_window=128, global_attention_positions=[0])
+    ),
+    "modernbert_local_global": Setup(
+        "ModernBERT, local w=128 + full layers 0 and 3", "sdpa",
+        dict(sliding_window=128, global_attn_every_n_layers=3), "modernbert",
+    ),
+    "modernbert_local": Setup(
+        "ModernBERT, local w=128 in every layer", "sdpa", dict(sliding_window=128), "modernbert"
     ),
 }
 
@@ -72,20 +83,37 @@ def load_average() -> float:
 # ---------------------------------------------------------------- speed and memory
 
 
+def speed_model(setup: Setup, length: int) -> torch.nn.Module:
+    """sinebert in its pretraining recipe's architecture (pre-LN, rotary positions, no dropout), or ModernBERT of
+    the same size (its GLU of the same FLOPs, `speed.modernbert_config`) with the same window on each side (its
+    `local_attention` is the whole width) and the same layers full; ModernBERT has no global token in local layers."""
+    from transformers import ModernBertModel
+
+    from benchmarks.speed import modernbert_config, pretraining_settings
+    from sinebert import SineBertConfig, SineBertModel
+
+    torch.manual_seed(0)
+    if setup.model == "modernbert":
+        every, window = setup.local.get("global_attn_every_n_layers"), setup.local["sliding_window"]
+        layers = ["full_attention" if every and i % every == 0 else "sliding_attention"
+                  for i in range(MODEL_SIZE["num_hidden_layers"])]
+        config = modernbert_config(MODEL_SIZE, setup.attn_implementation, VOCAB, max_position_embeddings=length,
+                                   layer_types=layers, local_attention=2 * window)
+        return ModernBertModel(config).eval()
+    recipe = {key: value for key, value in pretraining_settings().items() if key != "sparse_prediction"}
+    config = SineBertConfig(vocab_size=VOCAB, **MODEL_SIZE, **recipe, **setup.local)
+    return SineBertModel._from_config(config, attn_implementation=setup.attn_implementation).eval()
+
+
 def measure(setup_name: str, length: int, threads: int | None) -> dict:
     """One configuration at one length, in this (fresh) process: median time of a no-grad forward pass and the
     process's peak resident memory."""
-    from sinebert import SineBertConfig, SineBertModel
-
     if threads:
         torch.set_num_threads(threads)
-
     setup = SPEED_SETUPS[setup_name]
-    torch.manual_seed(0)
-    config = SineBertConfig(vocab_size=8192, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                            **MODEL_SIZE, **setup.local)
-    model = SineBertModel._from_config(config, attn_implementation=setup.attn_implementation).eval()
-    ids = torch.randint(5, 8192, (1, length))
+    model = speed_model(setup, length)
+    kernels = model.attention_kernels() if setup.model == "sinebert" else [f"{setup.attn_implementation}, masks"]
+    ids = torch.randint(5, VOCAB, (1, length))
     with torch.inference_mode():
         model(input_ids=ids[:, :512])  # warm-up: thread pool, allocator, kernel choice
         baseline = peak_rss_mib()
@@ -94,7 +122,7 @@ def measure(setup_name: str, length: int, threads: int | None) -> dict:
         "setup": setup_name, "label": setup.label, "length": length, "seconds": min(times),
         "median_seconds": statistics.median(times), "repeats": len(times),
         "us_per_token": min(times) / length * 1e6, "peak_rss_mib": peak_rss_mib(),
-        "forward_mib": peak_rss_mib() - baseline, "kernels": model.attention_kernels(),
+        "forward_mib": peak_rss_mib() - baseline, "kernels": kernels,
         "threads": torch.get_num_threads(),
     }
 
@@ -173,6 +201,8 @@ def speed_table(report: dict) -> str:
     header = "| setup | " + " | ".join(f"L={n:,}" for n in lengths) + " |"
     lines = [header, "|---" * (len(lengths) + 1) + "|"]
     for setup, spec in SPEED_SETUPS.items():
+        if not any(r["setup"] == setup for r in rows):  # (a setup added after the saved run)
+            continue
         cells = []
         for length in lengths:
             row = next(r for r in rows if r["setup"] == setup and r["length"] == length)
@@ -182,8 +212,10 @@ def speed_table(report: dict) -> str:
     threads = "/".join(str(t) for t in sorted({r["threads"] for r in rows if "threads" in r}))
     notes = [f"One forward pass, batch 1, fp32, no grad, {threads} torch thread(s), {report['model']}; time = the "
              "fastest of up to 5 passes (as many as fit in 30 s; 1 for the slowest cells); memory = peak RSS of the "
-             "whole process (Python, torch, weights and the pass), each cell a "
-             f"fresh process. {report['cpu_count']} CPU cores, load average {report['load_average_before']} before and "
+             "whole process (Python, torch, weights and the pass), each cell a fresh process. sinebert in its "
+             "pretraining recipe's architecture (pre-LN, rotary positions; before 2026-12-07 its defaults); "
+             f"ModernBERT with a GLU of the same FLOPs. {report['cpu_count']} CPU cores, load average "
+             f"{report['load_average_before']} before and "
              f"{report['load_average_after']} after (above 1, other jobs shared the machine)."]
     for setup, target in report["targets"].items():
         notes.append(
@@ -192,6 +224,11 @@ def speed_table(report: dict) -> str:
             f"{target['peak_gib_at_32k']:.2f} GiB at 32k; time per token at 32k is "
             f"x{target['time_per_token_ratio_32k_over_2k']:.2f} that at 2k."
         )
+    for ours, theirs in (("local_global", "modernbert_local_global"), ("local", "modernbert_local")):
+        ratios = [f"x{their['seconds'] / our['seconds']:.2f} at {length:,}" for length in lengths
+                  if (our := _row(rows, ours, length)) and (their := _row(rows, theirs, length))]
+        if ratios:
+            notes.append(f"{SPEED_SETUPS[ours].label}: ModernBERT's time over sinebert's, {', '.join(ratios)}.")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {note}" for note in notes) + "\n"
 
 
@@ -207,8 +244,9 @@ def plot_speed(rows: list[dict]):
         for setup, spec in SPEED_SETUPS.items():
             done = [r for r in rows if r["setup"] == setup and "skipped" not in r]
             lengths = [r["length"] for r in done]
-            memory.plot(lengths, [r["peak_rss_mib"] / 1024 for r in done], "o-", label=spec.label)
-            per_token.plot(lengths, [r["us_per_token"] for r in done], "o-", label=spec.label)
+            style = "s--" if spec.model == "modernbert" else "o-"
+            memory.plot(lengths, [r["peak_rss_mib"] / 1024 for r in done], style, label=spec.label)
+            per_token.plot(lengths, [r["us_per_token"] for r in done], style, label=spec.label)
         for axis, title in ((memory, "peak memory (GiB, whole process)"), (per_token, "time per token (µs, log)")):
             axis.set_xscale("log", base=2)
             axis.set_xlabel("sequence length (tokens)")
@@ -219,7 +257,7 @@ def plot_speed(rows: list[dict]):
         per_token.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         memory.axhline(4, color="grey", linestyle=":", linewidth=1)
         per_token.legend(fontsize=8)
-        figure.suptitle("sinebert, 4 layers, hidden 256: one forward pass on CPU")
+        figure.suptitle("sinebert and ModernBERT, 4 layers, hidden 256: one forward pass on CPU")
         figure.tight_layout()
         figure.savefig(path, dpi=120)
         plt.close(figure)

@@ -160,15 +160,16 @@ def modernbert_config(size: str | dict, attention: str = "sdpa", vocab_size: int
     """transformers' ModernBERT at `size` (a name of SIZES, or such dimensions): every layer global (at 128 tokens its
     128-token local window would see every token anyway), the masked-only head (`sparse_prediction`, as sinebert's),
     and a GLU width of 2/3 of BERT's intermediate size, so that its feed-forward FLOPs equal BERT's; no dropout (its
-    default and its recipe)."""
+    default and its recipe). `extra` adds to or overrides these settings."""
     dims = SIZES[size] if isinstance(size, str) else size
-    return ModernBertConfig(
+    settings = dict(
         vocab_size=vocab_size, hidden_size=dims["hidden_size"], num_hidden_layers=dims["num_hidden_layers"],
         num_attention_heads=dims["num_attention_heads"], intermediate_size=round(2 * dims["intermediate_size"] / 3),
         max_position_embeddings=512, layer_types=["full_attention"] * dims["num_hidden_layers"],
         sparse_prediction=True, pad_token_id=0, cls_token_id=2, bos_token_id=2, sep_token_id=3, eos_token_id=3,
-        attn_implementation=attention, **extra,
+        attn_implementation=attention,
     )
+    return ModernBertConfig(**(settings | extra))
 
 
 def modernbert(size: str, task: str = "mlm", attention: str = "sdpa"):
