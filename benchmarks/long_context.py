@@ -112,7 +112,8 @@ def measure(setup_name: str, length: int, threads: int | None) -> dict:
         torch.set_num_threads(threads)
     setup = SPEED_SETUPS[setup_name]
     model = speed_model(setup, length)
-    kernels = model.attention_kernels() if setup.model == "sinebert" else [f"{setup.attn_implementation}, masks"]
+    kernels = ([f"{setup.attn_implementation}, masks"] if setup.model == "modernbert"
+               else model.attention_kernels(input_shape=(1, length)))
     ids = torch.randint(5, VOCAB, (1, length))
     with torch.inference_mode():
         model(input_ids=ids[:, :512])  # warm-up: thread pool, allocator, kernel choice

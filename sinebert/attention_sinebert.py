@@ -46,6 +46,14 @@ MATMUL_KEY_MULTIPLE = 32
 # would make each block's matmul too small to run efficiently, and larger blocks than the window stay exact because
 # the band mask still removes the keys out of reach.
 MIN_LOCAL_BLOCK = 64
+# On inputs short against its blocks, the blocked kernel scores more pairs than the band needs (each block scores three
+# blocks of keys) in several calls; there SDPA over the band written out, in one call, is the faster: sliding-window
+# layers run it where seq <= ratio * 3 * block. The ratios are the crossovers measured with the backward on a CPU (2
+# threads, 4 heads of 64, windows of 64 and 128): fp32 x0.78 of the blocked kernel's time at 512 tokens, x1.39 at
+# 1,024 (w=128); bf16 on a CPU, whose blocked products run at bf16 speed, x0.86 at 384, x1.06 at 512. On a GPU the
+# fp32 ratio, not measured there.
+LOCAL_DENSE_RATIO = 2.0
+LOCAL_DENSE_RATIO_CPU_BF16 = 1.25
 
 
 def matmul_attention_forward(
@@ -212,7 +220,7 @@ def local_attention_forward(
     if sliding_window is None:
         raise ValueError("local_attention_forward needs sliding_window, the number of tokens seen on each side.")
     batch, heads, seq, head_dim = query.shape
-    block = max(1, min(max(sliding_window, MIN_LOCAL_BLOCK), seq))  # no block longer than the sequence
+    block = max(1, min(local_block(sliding_window), seq))  # no block longer than the sequence
     blocks = -(-seq // block)
     tail = blocks * block - seq  # padding that fills the last block
     glob = _global_index(global_positions, seq, query.device)  # (n_global,)
@@ -240,6 +248,18 @@ def local_attention_forward(
         )  # (batch, n_global, heads, head_dim)
         output.index_copy_(2, glob, global_output.transpose(1, 2))
     return output[:, :, :seq].transpose(1, 2).contiguous(), None  # (batch, seq, heads, head_dim)
+
+
+def local_block(sliding_window: int) -> int:
+    """The blocked kernel's block of queries on long inputs: the window, at least MIN_LOCAL_BLOCK."""
+    return max(sliding_window, MIN_LOCAL_BLOCK)
+
+
+def local_dense_limit(sliding_window: int, device: torch.device, dtype: torch.dtype) -> int:
+    """The longest input on which sliding-window layers run SDPA over the written-out band (see LOCAL_DENSE_RATIO)."""
+    cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
+    ratio = LOCAL_DENSE_RATIO_CPU_BF16 if cpu_bf16 else LOCAL_DENSE_RATIO
+    return int(ratio * 3 * local_block(sliding_window))
 
 
 def _local_block_mask(
@@ -352,8 +372,13 @@ def full_attention_kernel(
     return implementation
 
 
-def local_attention_kernel(attn_implementation: str | None) -> str:
-    """The kernel that sliding-window layers run under `attn_implementation`; ValueError where there is none."""
+def local_attention_kernel(
+    attn_implementation: str | None, seq: int | None = None, sliding_window: int = 0,
+    device: torch.device | None = None, dtype: torch.dtype | None = None,
+) -> str:
+    """The kernel that sliding-window layers of `sliding_window` run under `attn_implementation` on inputs of `seq`
+    tokens computing in `dtype` on `device`: "local_blocked", or "sdpa" over the band written out where `seq` is at
+    most `local_dense_limit` (None: long inputs); ValueError where there is none."""
     implementation = attn_implementation or "eager"
     if implementation not in LOCAL_ATTENTION_KERNELS:
         raise ValueError(
@@ -362,4 +387,7 @@ def local_attention_kernel(attn_implementation: str | None) -> str:
         )
     if is_tracing():  # the blocked kernel's blocks depend on the length; an exported graph writes the band out
         return "eager"
-    return LOCAL_ATTENTION_KERNELS[implementation]
+    kernel = LOCAL_ATTENTION_KERNELS[implementation]
+    if kernel == "local_blocked" and seq is not None and seq <= local_dense_limit(sliding_window, device, dtype):
+        return "sdpa"
+    return kernel

@@ -573,7 +573,7 @@ class TokenLayout:
             # (Not under torch.compile, which would guard on every length: the rows read three totals there.)
             lengths = None if torch.compiler.is_compiling() else attention_mask.bool().sum(1).tolist()
         padded = None if lengths is None else any(n < shape[1] for n in lengths)
-        self.masks = self._masks(config, attention_mask, shape[1], device, padded)
+        self.masks = self._masks(config, attention_mask, shape[1], device, dtype, padded)
         self.packed = packed
         self.tokens = None
         if self.packed or fast and self.masks["full_attention"] is not None:
@@ -593,19 +593,25 @@ class TokenLayout:
         self.last_layer = config.num_hidden_layers - 1
 
     @staticmethod
-    def _masks(config, attention_mask: torch.Tensor | None, seq: int, device: torch.device,
+    def _masks(config, attention_mask: torch.Tensor | None, seq: int, device: torch.device, dtype: torch.dtype,
                padded: bool | None) -> dict:
         """The padding mask `(batch, 1, 1, seq)` (or None) for full attention; for sliding-window layers the
-        written-out band `(batch or 1, 1, seq, seq)` under the eager reference, else the padding mask, from which the
-        blocked kernel builds its O(seq * window) masks. `padded`: whether any place is padding, if read already."""
+        written-out band `(batch or 1, 1, seq, seq)`, boolean under the eager reference and additive for SDPA (made
+        once for every layer), else the padding mask, from which the blocked kernel builds its O(seq * window) masks.
+        `padded`: whether any place is padding, if read already."""
         padding = padding_mask(attention_mask, padded)
         masks = {"full_attention": padding}
         if "sliding_attention" in config.layer_types:
             masks["sliding_attention"] = padding
-            if local_attention_kernel(config._attn_implementation) == "eager":  # (raises where there is none)
-                masks["sliding_attention"] = local_attention_mask(
-                    seq, config.sliding_window, config.global_attention_positions, padding, device
-                )
+            # (raises where there is none)
+            kernel = local_attention_kernel(config._attn_implementation, seq, config.sliding_window, device, dtype)
+            if kernel in ("eager", "sdpa"):
+                band = local_attention_mask(seq, config.sliding_window, config.global_attention_positions, padding,
+                                            device)
+                if kernel == "sdpa":  # (queries with no key in reach, at padding, get finite weights, then dropped)
+                    additive = torch.zeros(band.shape, dtype=dtype, device=device)
+                    band = additive.masked_fill_(~band, torch.finfo(dtype).min)
+                masks["sliding_attention"] = band
         return masks
 
     def _drop(self, config, kept: torch.Tensor, attention_mask, shape, rows: dict | None):

@@ -37,6 +37,7 @@ from .attention_sinebert import (
     full_attention_kernel,
     is_tracing,
     local_attention_kernel,
+    local_dense_limit,
     packed_attention,
 )
 from .configuration_sinebert import SineBertConfig
@@ -349,7 +350,7 @@ class SineBertAttention(nn.Module):
         if q_seq == 0 or key.shape[2] == 0:  # nothing to compute, and SDPA rejects empty sequences
             return query.new_zeros(batch, q_seq, self.num_heads, self.head_dim), None
         scores = batch * query.shape[1] * q_seq * key.shape[2]  # (a product of sizes, not Size.numel(): exportable)
-        kernel = self.kernel_name(query.device, query.dtype, scores, "cu_seq_lens_q" in kernel_kwargs)
+        kernel = self.kernel_name(query.device, query.dtype, scores, "cu_seq_lens_q" in kernel_kwargs, key.shape[2])
         if output_attentions and kernel != "eager":
             raise ValueError(
                 f"output_attentions=True needs the eager attention kernel, but this layer runs {kernel!r}; "
@@ -362,21 +363,26 @@ class SineBertAttention(nn.Module):
             sliding_window=self.sliding_window, global_positions=self.global_positions, **kernel_kwargs,
         )
 
-    def kernel_name(self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False) -> str:
+    def kernel_name(
+        self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False, seq: int | None = None
+    ) -> str:
         """The kernel this layer runs on inputs of `dtype` on `device` with `scores` attention scores (`packed`: on
-        the sequences packed in one row)."""
+        the sequences packed in one row) over `seq` keys (None: long inputs, for sliding windows)."""
+        implementation = self.config._attn_implementation
         if self.layer_type == "sliding_attention":
-            return local_attention_kernel(self.config._attn_implementation)
-        return full_attention_kernel(self.config._attn_implementation, device, dtype, scores, packed)
+            return local_attention_kernel(implementation, seq, self.sliding_window, device, dtype)
+        return full_attention_kernel(implementation, device, dtype, scores, packed)
 
     def kernel_description(
-        self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False
+        self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False, seq: int | None = None
     ) -> str:
         """What this layer attends to and the kernel that runs it, e.g. `sliding_attention(window=128, global=[0]) via
-        local_blocked`."""
-        kernel = self.kernel_name(device, dtype, scores, packed)
+        local_blocked (sdpa up to 768 tokens)`: without `seq`, both kernels of a sliding window and where each runs."""
+        kernel = self.kernel_name(device, dtype, scores, packed, seq)
         if self.layer_type == "full_attention":
             return f"full_attention via {kernel}"
+        if seq is None and kernel == "local_blocked":
+            kernel += f" (sdpa up to {local_dense_limit(self.sliding_window, device, dtype)} tokens)"
         return f"sliding_attention(window={self.sliding_window}, global={list(self.global_positions)}) via {kernel}"
 
     def extra_repr(self) -> str:
@@ -456,19 +462,22 @@ class SineBertPreTrainedModel(PreTrainedModel):
         self, dtype: torch.dtype | None = None, input_shape: tuple[int, int] | None = None
     ) -> list[str]:
         """Per encoder layer, its attention and the kernel that runs it, e.g. `["full_attention via sdpa",
-        "sliding_attention(window=128, global=[0]) via local_blocked", ...]`, for layers computing in `dtype` (by
-        default autocast's where it is on, else the weights') on the model's device, and inputs of `input_shape`
-        (batch, seq), by default the shortest, under the grad mode of the call: bf16 full attention on a CPU runs
-        "matmul" up to MATMUL_ATTENTION_MAX_SCORES scores, without a gradient only from MATMUL_ATTENTION_MIN_SCORES
-        on, and "sdpa" outside; on a GPU in bf16 or fp16 it runs "varlen" (unless it trains with attention dropout).
+        "sliding_attention(window=128, global=[0]) via local_blocked (sdpa up to 768 tokens)", ...]`, for layers
+        computing in `dtype` (by default autocast's where it is on, else the weights') on the model's device, and
+        inputs of `input_shape` (batch, seq), by default the shortest, under the grad mode of the call: bf16 full
+        attention on a CPU runs "matmul" up to MATMUL_ATTENTION_MAX_SCORES scores, without a gradient only from
+        MATMUL_ATTENTION_MIN_SCORES on, and "sdpa" outside; on a GPU in bf16 or fp16 it runs "varlen" (unless it
+        trains with attention dropout). Sliding-window layers run "local_blocked", and "sdpa" over the band written
+        out on inputs of at most `attention_sinebert.local_dense_limit` tokens: without `input_shape` they say both.
         Raises ValueError where a layer has no kernel, exactly as a forward pass would."""
         device = self.device
         if dtype is None:
             dtype = self.base_model._compute_dtype(device)
-        batch, seq = input_shape or (0, 0)
-        scores = batch * self.config.num_attention_heads * seq * seq
+        batch, seq = input_shape or (0, None)
+        scores = batch * self.config.num_attention_heads * (seq or 0) ** 2
         packed = self.base_model._packed(device, dtype)
-        return [layer.attention.kernel_description(device, dtype, scores, packed) for layer in self.base_model.layers]
+        return [layer.attention.kernel_description(device, dtype, scores, packed, seq)
+                for layer in self.base_model.layers]
 
     def _init_weights(self, module: nn.Module):
         super()._init_weights(module)

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sinebert import SineBertConfig, SineBertForMaskedLM, SineBertForSequenceClassification, SineBertModel
-from sinebert.attention_sinebert import local_attention_forward, local_attention_mask
+from sinebert.attention_sinebert import local_attention_forward, local_attention_mask, local_dense_limit
 from sinebert.layout_sinebert import padding_mask
 from sinebert.modeling_sinebert import eager_attention_forward
 from tests.conftest import auto_heads, tiny_config
@@ -88,9 +88,19 @@ def _model_pair(cls, **overrides):
     return eager, fast
 
 
+def _blocked_at_every_length(monkeypatch):
+    """The blocked kernel however short the input (SDPA over the band runs up to `local_dense_limit`)."""
+    monkeypatch.setattr("sinebert.attention_sinebert.LOCAL_DENSE_RATIO", 0.0)
+    monkeypatch.setattr("sinebert.attention_sinebert.LOCAL_DENSE_RATIO_CPU_BF16", 0.0)
+
+
+@pytest.mark.parametrize("kernel", ["local_blocked", "sdpa"])
 @pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("norm_placement", ["post", "pre"])
-def test_mixed_local_global_model_is_identical_through_eager_and_fast_paths(norm_placement, positions):
+def test_mixed_local_global_model_is_identical_through_eager_and_fast_paths(norm_placement, positions, kernel,
+                                                                             monkeypatch):
+    if kernel == "local_blocked":
+        _blocked_at_every_length(monkeypatch)
     eager, fast = _model_pair(SineBertForMaskedLM, norm_placement=norm_placement, position_embedding_type=positions)
     assert eager.attention_kernels() == [
         "full_attention via eager",
@@ -98,9 +108,9 @@ def test_mixed_local_global_model_is_identical_through_eager_and_fast_paths(norm
         "full_attention via eager",
         "sliding_attention(window=3, global=[0]) via eager",
     ]
-    assert fast.attention_kernels()[:2] == [
+    assert fast.attention_kernels(input_shape=(3, 29))[:2] == [
         "full_attention via sdpa",
-        "sliding_attention(window=3, global=[0]) via local_blocked",
+        f"sliding_attention(window=3, global=[0]) via {kernel}",
     ]
     torch.manual_seed(1)
     ids = torch.randint(5, 99, (3, 29))
@@ -134,8 +144,32 @@ def test_eager_reference_returns_banded_weights():
 
 def test_fast_path_refuses_to_return_weights():
     _, fast = _model_pair(SineBertModel)
-    with pytest.raises(ValueError, match="local_blocked"):
-        fast.layers[1].attention(torch.randn(1, 5, 32), None, output_attentions=True)
+    for seq, kernel in ((5, "sdpa"), (local_dense_limit(3, fast.device, torch.float32) + 1, "local_blocked")):
+        with pytest.raises(ValueError, match=f"needs the eager attention kernel, but this layer runs '{kernel}'"):
+            fast.layers[1].attention(torch.randn(1, seq, 32), None, output_attentions=True)
+
+
+def test_short_inputs_run_sdpa_over_the_band_written_out_once_and_long_ones_the_blocked_kernel():
+    """Up to `local_dense_limit` tokens SDPA's one call over every pair beats the blocked kernel's three blocks of
+    keys per block (the ratios in attention_sinebert.py); the layout writes that band out once for every layer, as
+    the additive mask SDPA adds. Above it, the padding mask, from which the blocked kernel makes its own."""
+    from sinebert.layout_sinebert import TokenLayout
+
+    cpu = torch.device("cpu")
+    assert local_dense_limit(3, cpu, torch.float32) == 2 * 3 * 64  # (the block is at least 64)
+    assert local_dense_limit(128, cpu, torch.float32) == 768 and local_dense_limit(128, cpu, torch.bfloat16) == 480
+    _, fast = _model_pair(SineBertModel)
+    for seq, kernel in ((384, "sdpa"), (385, "local_blocked")):
+        assert fast.attention_kernels(input_shape=(2, seq))[1].endswith(f"via {kernel}")
+        mask = torch.ones(2, seq, dtype=torch.long)
+        mask[1, seq // 2 :] = 0
+        layout = TokenLayout(fast.config, mask, None, None, None, mask.shape, cpu, torch.float32, False)
+        written = layout.mask(1, "sliding_attention")
+        if kernel == "sdpa":
+            band = local_attention_mask(seq, 3, [0], padding_mask(mask), cpu)
+            assert written.dtype == torch.float32 and torch.equal(written == 0, band)
+        else:
+            assert written.dtype == torch.bool and written.shape == (2, 1, 1, seq)
 
 
 def _changed_positions(model, ids, position):
@@ -290,7 +324,8 @@ def test_a_full_attention_checkpoint_can_be_read_with_a_sliding_window(tmp_path)
     local = SineBertForSequenceClassification.from_pretrained(
         tmp_path, sliding_window=8, global_attention_positions=[0]
     ).eval()
-    assert local.attention_kernels() == ["sliding_attention(window=8, global=[0]) via local_blocked"] * 2
+    kernel = "sliding_attention(window=8, global=[0]) via local_blocked (sdpa up to 384 tokens)"
+    assert local.attention_kernels() == [kernel] * 2
     with torch.no_grad():
         assert torch.isfinite(local(input_ids=torch.randint(5, 99, (1, 700))).logits).all()
 
@@ -321,4 +356,5 @@ def test_local_checkpoint_runs_without_the_package_via_remote_code(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "sliding_attention(window=3, global=[0]) via local_blocked"
+    assert result.stdout.strip().splitlines()[-1] == (
+        "sliding_attention(window=3, global=[0]) via local_blocked (sdpa up to 384 tokens)")
