@@ -77,7 +77,7 @@ def autocast(device: torch.device, precision: str):
 
 def check_batch(case: str, generator: torch.Generator, device: torch.device) -> dict:
     """A padded batch of mixed lengths (one row without padding), and the case's labels."""
-    seq = 200 if case == "sliding_window" else 48
+    seq = {"sliding_window": 400, "sliding_window_band": 200}.get(case, 48)  # (the band runs SDPA up to 384)
     lengths = torch.tensor([seq, seq // 3, seq - 5, 7])
     mask = (torch.arange(seq) < lengths[:, None]).long()
     ids = torch.randint(5, CHECK_DIMS["vocab_size"], mask.shape, generator=generator)
@@ -94,7 +94,9 @@ CASES = {  # name: (model class, config overrides)
     "masked_lm": (SineBertForMaskedLM, dict(sparse_prediction=True)),  # padded, the rows read, masked-only head
     "classifier": (SineBertForSequenceClassification, dict(num_labels=3)),  # cls pooling: the first rows read
     "sliding_window": (SineBertModel, dict(sliding_window=16, global_attn_every_n_layers=2,
-                                          global_attention_positions=[0])),
+                                          global_attention_positions=[0])),  # long: the blocked kernel
+    "sliding_window_band": (SineBertModel, dict(sliding_window=16, global_attn_every_n_layers=2,
+                                               global_attention_positions=[0])),  # short: SDPA over the band
     "token_dropping": (SineBertForMaskedLM, dict(sparse_prediction=True, token_dropping_layers=[1, -1])),
 }
 
@@ -124,7 +126,7 @@ def check_case(case: str, precision: str, device: torch.device) -> dict:
         torch.manual_seed(2)  # the same tokens kept
         with autocast(device, run_precision):
             output = model(**batch, return_dict=False)
-            kernels = model.attention_kernels()
+            kernels = model.attention_kernels(input_shape=tuple(batch["input_ids"].shape))
         values = output[1] if "labels" in batch else output[0][real]
         (output[0] if "labels" in batch else (values.float() @ direction).mean()).backward()
         results.append((values, kernels))
@@ -210,7 +212,7 @@ def training_speed(size: dict, seq: int, device: torch.device) -> dict:
         rows[name] = {"tokens_per_second": tokens_per_second,
                       "mfu": flops_per_token(name, dims, vocab, seq) * tokens_per_second / PEAK_BF16_FLOPS,
                       "peak_mib": peaks.get(name)}
-    kernels = models["sinebert"].attention_kernels(dtype=torch.bfloat16)
+    kernels = models["sinebert"].attention_kernels(torch.bfloat16, (batch, seq))
     return {"seq": seq, "batch": batch, "models": rows, "sinebert_kernels": sorted(set(kernels)),
             "sinebert_over_fastest_peer": rows["sinebert"]["tokens_per_second"]
             / max(row["tokens_per_second"] for name, row in rows.items() if name != "sinebert")}
@@ -280,7 +282,7 @@ def long_forward(size: dict, device: torch.device) -> dict:
     seconds = time.perf_counter() - start
     return {"tokens": size["long_tokens"], "seconds": seconds, "finite": bool(hidden.isfinite().all()),
             "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-            "kernels": sorted(set(model.attention_kernels(dtype=torch.bfloat16)))}
+            "kernels": sorted(set(model.attention_kernels(torch.bfloat16, tuple(ids.shape))))}
 
 
 # ----- the host's share -----

@@ -371,7 +371,7 @@ def extrapolation(args) -> dict:
         for length in args.eval_lengths:
             result = masked_accuracy(model, tokenizer, stream, chosen, length, max(1, 8192 // length))
             rows.append({"setup": name, "label": setup.label, "length": length, **result,
-                         "kernels": model.attention_kernels()})
+                         "kernels": model.attention_kernels(input_shape=(1, length))})
             print(f"{name:>13} L={length:>5}: accuracy {result['accuracy']:.4f}", flush=True)
     results_file = model_dir / "all_results.json"
     pretraining = json.loads(results_file.read_text()) if results_file.is_file() else {}

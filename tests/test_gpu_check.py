@@ -16,7 +16,8 @@ def test_the_quick_check_on_a_cpu_runs_every_part_and_every_fast_path_passes(tmp
     gpu_check.main(["--device", "cpu", "--quick", "--output_dir", str(tmp_path)])  # here: a process only adds imports
     report = json.loads((tmp_path / "check.json").read_text())
     assert {(row["case"], row["precision"]) for row in report["correctness"]} == {
-        (case, precision) for case in ("masked_lm", "classifier", "sliding_window", "token_dropping")
+        (case, precision) for case in ("masked_lm", "classifier", "sliding_window", "sliding_window_band",
+                                       "token_dropping")
         for precision in ("fp32", "bf16")}
     assert all(row["passed"] for row in report["correctness"])
     (training,) = report["training"]
