@@ -56,6 +56,12 @@ LOCAL_DENSE_RATIO = 2.0
 LOCAL_DENSE_RATIO_CPU_BF16 = 1.25
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True where a query may attend) as the bias that kernels add to the scores: 0 where True, the
+    dtype's minimum elsewhere, so that those keys' softmax weights underflow to zero."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
 def matmul_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -87,8 +93,7 @@ def matmul_attention_forward(
         rows = attention_mask.shape[2]  # 1 for a mask of keys alone: the bias stays one row per sequence and head
         bias = attention_mask
         if attention_mask.dtype == torch.bool:
-            bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
-            bias = bias.masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
+            bias = additive_mask(attention_mask, query.dtype)
         elif not every_query_has_a_key:
             raise ValueError("An additive attention mask needs every_query_has_a_key=True; pass a boolean mask.")
         bias = bias.expand(batch, heads, rows, k_seq).reshape(batch * heads, rows, k_seq)

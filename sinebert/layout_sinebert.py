@@ -25,6 +25,7 @@ from torch import nn
 from .attention_sinebert import (
     MATMUL_ATTENTION_MIN_SCORES,
     MATMUL_KEY_MULTIPLE,
+    additive_mask,
     full_attention_kernel,
     is_tracing,
     local_attention_kernel,
@@ -209,8 +210,7 @@ def _bucket(
     grid = torch.where(real, starts + columns, start)
     mask = None if full else real[:, None, None, :]
     if mask is not None and mask_dtype is not None:
-        mask = torch.zeros(mask.shape, dtype=mask_dtype, device=mask.device)
-        mask = mask.masked_fill_(~real[:, None, None, :], torch.finfo(mask_dtype).min)
+        mask = additive_mask(mask, mask_dtype)
     row, column = torch.nonzero_static(real[:, :longest], size=total).unbind(1)  # (its rows,) each
     head_rows = head_slots = None
     if per_head is not None and per_head(count * heads * longest * keys):
@@ -609,8 +609,7 @@ class TokenLayout:
                 band = local_attention_mask(seq, config.sliding_window, config.global_attention_positions, padding,
                                             device)
                 if kernel == "sdpa":  # (queries with no key in reach, at padding, get finite weights, then dropped)
-                    additive = torch.zeros(band.shape, dtype=dtype, device=device)
-                    band = additive.masked_fill_(~band, torch.finfo(dtype).min)
+                    band = additive_mask(band, dtype)
                 masks["sliding_attention"] = band
         return masks
 
