@@ -90,13 +90,12 @@ def check_batch(case: str, generator: torch.Generator, device: torch.device) -> 
     return {key: value.to(device) for key, value in batch.items()}
 
 
+WINDOW = dict(sliding_window=16, global_attn_every_n_layers=2, global_attention_positions=[0])
 CASES = {  # name: (model class, config overrides)
     "masked_lm": (SineBertForMaskedLM, dict(sparse_prediction=True)),  # padded, the rows read, masked-only head
     "classifier": (SineBertForSequenceClassification, dict(num_labels=3)),  # cls pooling: the first rows read
-    "sliding_window": (SineBertModel, dict(sliding_window=16, global_attn_every_n_layers=2,
-                                          global_attention_positions=[0])),  # long: the blocked kernel
-    "sliding_window_band": (SineBertModel, dict(sliding_window=16, global_attn_every_n_layers=2,
-                                               global_attention_positions=[0])),  # short: SDPA over the band
+    "sliding_window": (SineBertModel, WINDOW),  # long inputs (check_batch): the blocked kernel
+    "sliding_window_band": (SineBertModel, WINDOW),  # short ones: SDPA over the band
     "token_dropping": (SineBertForMaskedLM, dict(sparse_prediction=True, token_dropping_layers=[1, -1])),
 }
 

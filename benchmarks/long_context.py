@@ -42,7 +42,7 @@ class Setup:
     label: str
     attn_implementation: str
     local: dict = field(default_factory=dict)  # sinebert's settings of local attention
-    model: str = "sinebert"  # or "modernbert": transformers' ModernBERT, the same layers local (`modernbert_model`)
+    model: str = "sinebert"  # or "modernbert": transformers' ModernBERT, the same layers local (`speed_model`)
 
 
 SPEED_SETUPS = {

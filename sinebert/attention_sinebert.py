@@ -378,8 +378,7 @@ def full_attention_kernel(
 
 
 def local_attention_kernel(
-    attn_implementation: str | None, seq: int | None = None, sliding_window: int = 0,
-    device: torch.device | None = None, dtype: torch.dtype | None = None,
+    attn_implementation: str | None, seq: int | None, sliding_window: int, device: torch.device, dtype: torch.dtype
 ) -> str:
     """The kernel that sliding-window layers of `sliding_window` run under `attn_implementation` on inputs of `seq`
     tokens computing in `dtype` on `device`: "local_blocked", or "sdpa" over the band written out where `seq` is at
