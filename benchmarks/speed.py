@@ -679,7 +679,20 @@ def markdown(report: dict) -> str:
 
 def machine() -> str:
     where = torch.cuda.get_device_name() if DEVICE.type == "cuda" else f"{torch.get_num_threads()} threads"
-    return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {where}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {where}"
+
+
+def cpu_name() -> str:
+    """The CPU's model and its bf16 matrix instructions (which decide bf16's pace: docs/SPEED.md), from
+    /proc/cpuinfo; elsewhere the architecture."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return platform.machine()
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in info.splitlines())}
+    units = [name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
+             if flag in fields.get("flags", "").split()]
+    return f"{fields.get('model name', platform.machine())} ({', '.join(units) or 'no bf16 instructions'})"
 
 
 def main():
