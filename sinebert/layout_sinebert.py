@@ -30,6 +30,7 @@ from .attention_sinebert import (
     is_tracing,
     local_attention_kernel,
     local_attention_mask,
+    window_covers,
 )
 
 # A bucket of its own costs a kernel call and its copies, counted as the attention work of one sequence of 128 tokens:
@@ -353,10 +354,13 @@ class QueryRows(NamedTuple):
 
 class LayerRows(NamedTuple):
     """What one layer computes on a padding-free batch: the `tokens` whose rows it gets (None: the padded batch),
-    and the `queries` it keeps (the last layer's rows a head reads, or None for every row)."""
+    the `queries` it keeps (the last layer's rows a head reads, or None for every row), and whether it is `full`
+    attention on this batch (a full-attention layer, or a sliding window that covers every sequence); a sliding
+    window that does not attends on the padded batch."""
 
     tokens: TokenRows | None
     queries: QueryRows | None
+    full: bool = True
 
     def attend(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
                output_attentions: bool = False, rotation=None) -> torch.Tensor:
@@ -364,7 +368,7 @@ class LayerRows(NamedTuple):
         every row is a key and a value, and the rows of `queries` (all where None) are the queries. No kernel of a
         padding-free batch returns weights, so `output_attentions` only makes the kernel say so. `rotation`: the
         rows' tokens' (`TokenLayout.rotation`), for rotary attention."""
-        full = attention.layer_type == "full_attention"
+        full = self.full
         packed = self.tokens is not None and self.tokens.packing is not None
         if self.queries is not None and full and not packed:  # (packed: every row is a query, the rows read kept)
             return self._attend_queries(attention, hidden_states, mask, output_attentions, rotation)
@@ -396,7 +400,9 @@ class LayerRows(NamedTuple):
         # (n_real, 3 * hidden) -> 3 x (1, heads, n_real, head_dim): one row holding every sequence
         grid = self.tokens.real(qkv).view(1, n_real, 3, attention.num_heads, attention.head_dim)
         query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)
-        output, _ = attention.attend(query, key, value, None, output_attentions, **self.tokens.packing.kwargs())
+        output, _ = attention.attend(
+            query, key, value, None, output_attentions, full=True, **self.tokens.packing.kwargs()
+        )
         return output.squeeze(0).flatten(1)  # (1, n_real, heads, head_dim) -> (n_real, hidden)
 
     def _attend_buckets(self, attention: torch.nn.Module, qkv: torch.Tensor, output_attentions: bool) -> list:
@@ -409,7 +415,7 @@ class LayerRows(NamedTuple):
             per_head = bucket.head_rows is not None  # (the layout asked the kernel for the bucket's size)
             query, key, value = (_gather_heads if per_head else _gather_rows)(qkv, bucket, heads, head_dim)
             attended, _ = attention.attend(  # every sequence of a bucket has a token, which every query sees
-                query, key, value, bucket.mask, output_attentions, every_query_has_a_key=True
+                query, key, value, bucket.mask, output_attentions, full=True, every_query_has_a_key=True
             )  # (batch, q_seq, heads, head_dim): a view of (batch, heads, q_seq, head_dim) for per-head inputs
             if per_head:
                 output = attended.transpose(1, 2).reshape(-1, head_dim).index_select(0, bucket.head_slots)
@@ -437,7 +443,8 @@ class LayerRows(NamedTuple):
             query = _padded(rotation.select(self.queries.index), self.queries.layout.pad).turn_heads(query[None])
             key = (rotation if self.tokens is None else _padded(rotation, self.tokens.pad)).turn_heads(key[None])
             query, key = query.squeeze(0), key.squeeze(0)  # (views: select's gradient is zeros around a copy)
-        output, _ = attention.attend(query, key, value, mask, output_attentions)  # (batch, queries, heads, head_dim)
+        # (batch, queries, heads, head_dim)
+        output, _ = attention.attend(query, key, value, mask, output_attentions, full=True)
         return self.queries.layout.unpad(output).flatten(1)
 
 
@@ -573,7 +580,13 @@ class TokenLayout:
             # (Not under torch.compile, which would guard on every length: the rows read three totals there.)
             lengths = None if torch.compiler.is_compiling() else attention_mask.bool().sum(1).tolist()
         padded = None if lengths is None else any(n < shape[1] for n in lengths)
-        self.masks = self._masks(config, attention_mask, shape[1], device, dtype, padded)
+        # Sliding windows that reach every key of the longest sequence are full attention on this batch.
+        longest = shape[1] if lengths is None else max(lengths, default=0)
+        self.windows_cover = "sliding_attention" in config.layer_types and window_covers(
+            config._attn_implementation, config.sliding_window, longest
+        )
+        self.layer_types = config.layer_types
+        self.masks = self._masks(config, attention_mask, shape[1], device, dtype, padded, self.windows_cover)
         self.packed = packed
         self.tokens = None
         if self.packed or fast and self.masks["full_attention"] is not None:
@@ -594,14 +607,17 @@ class TokenLayout:
 
     @staticmethod
     def _masks(config, attention_mask: torch.Tensor | None, seq: int, device: torch.device, dtype: torch.dtype,
-               padded: bool | None) -> dict:
+               padded: bool | None, windows_cover: bool) -> dict:
         """The padding mask `(batch, 1, 1, seq)` (or None) for full attention; for sliding-window layers the
         written-out band `(batch or 1, 1, seq, seq)`, boolean under the eager reference and additive for SDPA (made
-        once for every layer), else the padding mask, from which the blocked kernel builds its O(seq * window) masks.
-        `padded`: whether any place is padding, if read already."""
+        once for every layer), else the padding mask, from which the blocked kernel builds its O(seq * window) masks,
+        and where the windows cover every sequence (`windows_cover`) full attention's. `padded`: whether any place
+        is padding, if read already."""
         padding = padding_mask(attention_mask, padded)
         masks = {"full_attention": padding}
-        if "sliding_attention" in config.layer_types:
+        if windows_cover:
+            masks["sliding_attention"] = padding
+        elif "sliding_attention" in config.layer_types:
             masks["sliding_attention"] = padding
             # (raises where there is none)
             kernel = local_attention_kernel(config._attn_implementation, seq, config.sliding_window, device, dtype)
@@ -656,7 +672,8 @@ class TokenLayout:
         """The rows layer `index` computes, or None for the padded batch (every position)."""
         tokens = self.kept_rows if index in self.dropping else self.tokens
         queries = self.queries if index == self.last_layer else None
-        return None if tokens is None and queries is None else LayerRows(tokens, queries)
+        full = self.layer_types[index] == "full_attention" or self.windows_cover
+        return None if tokens is None and queries is None else LayerRows(tokens, queries, full)
 
     def rotation(self, index: int):
         """With rotary positions, the rotation of the tokens whose rows layer `index` computes (of the padded batch's

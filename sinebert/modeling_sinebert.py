@@ -39,6 +39,7 @@ from .attention_sinebert import (
     local_attention_kernel,
     local_dense_limit,
     packed_attention,
+    window_covers,
 )
 from .configuration_sinebert import SineBertConfig
 from .layout_sinebert import LayerRows, TokenLayout, TokenLoss, nonzero, tokens_to_keep
@@ -340,17 +341,22 @@ class SineBertAttention(nn.Module):
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
         output_attentions: bool = False,
+        full: bool | None = None,
         **kernel_kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """query `(batch, heads, q_seq, head_dim)`, key and value `(batch, heads, seq, head_dim)` -> `(batch, q_seq,
-        heads, head_dim)` through this layer's kernel, and the weights under eager. `kernel_kwargs`: what the caller
-        knows of the layout, for the kernels that use it: the boundaries of sequences packed in one row
+        heads, head_dim)` through this layer's kernel, and the weights under eager. `full`: True where the keys are
+        each query's whole sequence, as the rows of a padding-free batch give them (full attention's kernel, whatever
+        the layer type); None: this layer's attention over `seq` keys (`attends_all`). `kernel_kwargs`: what the
+        caller knows of the layout, for the kernels that use it: the boundaries of sequences packed in one row
         (`layout_sinebert.Packing`, for "varlen"), or `every_query_has_a_key` (for "matmul")."""
         batch, q_seq = query.shape[0], query.shape[2]
         if q_seq == 0 or key.shape[2] == 0:  # nothing to compute, and SDPA rejects empty sequences
             return query.new_zeros(batch, q_seq, self.num_heads, self.head_dim), None
         scores = batch * query.shape[1] * q_seq * key.shape[2]  # (a product of sizes, not Size.numel(): exportable)
-        kernel = self.kernel_name(query.device, query.dtype, scores, "cu_seq_lens_q" in kernel_kwargs, key.shape[2])
+        full = self.attends_all(key.shape[2]) if full is None else full
+        packed = "cu_seq_lens_q" in kernel_kwargs
+        kernel = self.kernel_name(query.device, query.dtype, scores, packed, key.shape[2], full)
         if output_attentions and kernel != "eager":
             raise ValueError(
                 f"output_attentions=True needs the eager attention kernel, but this layer runs {kernel!r}; "
@@ -360,29 +366,43 @@ class SineBertAttention(nn.Module):
         return attention_function(
             self, query, key, value, attention_mask, scaling=self.scaling,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
-            sliding_window=self.sliding_window, global_positions=self.global_positions, **kernel_kwargs,
+            sliding_window=None if full else self.sliding_window,
+            global_positions=() if full else self.global_positions, **kernel_kwargs,
         )
 
+    def attends_all(self, seq: int | None) -> bool:
+        """Whether this layer attends every key of inputs of `seq` tokens (None: long inputs): full attention, or a
+        sliding window that covers them on the fast path (`window_covers`), which then runs as full attention."""
+        if self.layer_type == "full_attention":
+            return True
+        return window_covers(self.config._attn_implementation, self.sliding_window, seq)
+
     def kernel_name(
-        self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False, seq: int | None = None
+        self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False, seq: int | None = None,
+        full: bool | None = None,
     ) -> str:
         """The kernel this layer runs on inputs of `dtype` on `device` with `scores` attention scores (`packed`: on
-        the sequences packed in one row) over `seq` keys (None: long inputs, for sliding windows)."""
+        the sequences packed in one row) over `seq` keys (None: long inputs, for sliding windows); `full` as `attend`
+        takes it."""
         implementation = self.config._attn_implementation
-        if self.layer_type == "sliding_attention":
-            return local_attention_kernel(implementation, seq, self.sliding_window, device, dtype)
-        return full_attention_kernel(implementation, device, dtype, scores, packed)
+        if self.attends_all(seq) if full is None else full:
+            return full_attention_kernel(implementation, device, dtype, scores, packed)
+        return local_attention_kernel(implementation, seq, self.sliding_window, device, dtype)
 
     def kernel_description(
         self, device: torch.device, dtype: torch.dtype, scores: int = 0, packed: bool = False, seq: int | None = None
     ) -> str:
         """What this layer attends to and the kernel that runs it, e.g. `sliding_attention(window=128, global=[0]) via
-        local_blocked (sdpa up to 768 tokens)`: without `seq`, both kernels of a sliding window and where each runs."""
+        local_blocked (full attention up to 129 tokens, sdpa up to 768)`: without `seq`, the kernels of a sliding
+        window and where each runs."""
         kernel = self.kernel_name(device, dtype, scores, packed, seq)
         if self.layer_type == "full_attention":
             return f"full_attention via {kernel}"
+        if self.attends_all(seq):
+            kernel += " (the window covers the input: full attention)"
         if seq is None and kernel == "local_blocked":
-            kernel += f" (sdpa up to {local_dense_limit(self.sliding_window, device, dtype)} tokens)"
+            limit = local_dense_limit(self.sliding_window, device, dtype)
+            kernel += f" (full attention up to {self.sliding_window + 1} tokens, sdpa up to {limit})"
         return f"sliding_attention(window={self.sliding_window}, global={list(self.global_positions)}) via {kernel}"
 
     def extra_repr(self) -> str:
@@ -462,13 +482,15 @@ class SineBertPreTrainedModel(PreTrainedModel):
         self, dtype: torch.dtype | None = None, input_shape: tuple[int, int] | None = None
     ) -> list[str]:
         """Per encoder layer, its attention and the kernel that runs it, e.g. `["full_attention via sdpa",
-        "sliding_attention(window=128, global=[0]) via local_blocked (sdpa up to 768 tokens)", ...]`, for layers
+        "sliding_attention(window=128, global=[0]) via local_blocked (full attention up to 129 tokens, sdpa up to
+        768)", ...]`, for layers
         computing in `dtype` (by default autocast's where it is on, else the weights') on the model's device, and
         inputs of `input_shape` (batch, seq), by default the shortest, under the grad mode of the call: bf16 full
         attention on a CPU runs "matmul" up to MATMUL_ATTENTION_MAX_SCORES scores, without a gradient only from
         MATMUL_ATTENTION_MIN_SCORES on, and "sdpa" outside; on a GPU in bf16 or fp16 it runs "varlen" (unless it
-        trains with attention dropout). Sliding-window layers run "local_blocked", and "sdpa" over the band written
-        out on inputs of at most `attention_sinebert.local_dense_limit` tokens: without `input_shape` they say both.
+        trains with attention dropout). Sliding-window layers run "local_blocked", "sdpa" over the band written out on
+        inputs of at most `attention_sinebert.local_dense_limit` tokens, and full attention's kernel on the rows of
+        inputs their window covers (`attention_sinebert.window_covers`): without `input_shape` they say all three.
         Raises ValueError where a layer has no kernel, exactly as a forward pass would."""
         device = self.device
         if dtype is None:

@@ -172,6 +172,44 @@ def test_short_inputs_run_sdpa_over_the_band_written_out_once_and_long_ones_the_
             assert written.dtype == torch.bool and written.shape == (2, 1, 1, seq)
 
 
+def test_a_window_that_covers_every_sequence_is_full_attention_on_the_padding_free_rows(monkeypatch):
+    """A window that reaches every key of a batch's longest sequence attends as full attention does: on the fast path
+    such layers take the padding-free rows, full attention's kernel and mask instead of the band, and still match the
+    eager reference, which keeps its band. The longest real sequence decides, not the length padded to."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from sinebert.attention_sinebert import SINEBERT_ATTENTION_FUNCTIONS, matmul_attention_forward
+
+    ran = []
+    for name, function in (("matmul", matmul_attention_forward), ("sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"])):
+        monkeypatch.setitem(SINEBERT_ATTENTION_FUNCTIONS._local_mapping, name,
+                            lambda *args, name=name, function=function, **kwargs: ran.append(name) or function(*args,
+                                                                                                            **kwargs))
+    eager, fast = _model_pair(SineBertForMaskedLM, sliding_window=8)
+    covered = "sliding_attention(window=8, global=[0]) via {} (the window covers the input: full attention)"
+    assert fast.attention_kernels(input_shape=(3, 9))[1] == covered.format("sdpa")
+    assert fast.attention_kernels(input_shape=(3, 10))[1] == "sliding_attention(window=8, global=[0]) via sdpa"
+    torch.manual_seed(1)
+    ids = torch.randint(5, 99, (3, 16))
+    for longest, local_kernel in ((9, "matmul"), (10, "sdpa")):  # bf16 on a CPU: full attention runs "matmul"
+        mask = (torch.arange(16) < torch.tensor([longest, 4, 6])[:, None]).long()  # padded to 16 tokens
+        ran.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fast(input_ids=ids, attention_mask=mask).logits.sum().backward()
+        assert ran == ["matmul", local_kernel] * 2
+    mask[0, 9:] = 0  # every window covers again: fp32 gradients and outputs against the band of the reference
+    labels = torch.where(mask.bool(), ids, -100)
+    results = []
+    for model in (eager, fast):
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        results.append((out.logits.detach()[mask.bool()], {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(grad, results[1][1][name], atol=1e-5, rtol=1e-4)
+
+
 def _changed_positions(model, ids, position):
     """Which output positions move when the token at `position` changes."""
     other = ids.clone()
@@ -324,7 +362,7 @@ def test_a_full_attention_checkpoint_can_be_read_with_a_sliding_window(tmp_path)
     local = SineBertForSequenceClassification.from_pretrained(
         tmp_path, sliding_window=8, global_attention_positions=[0]
     ).eval()
-    kernel = "sliding_attention(window=8, global=[0]) via local_blocked (sdpa up to 384 tokens)"
+    kernel = "sliding_attention(window=8, global=[0]) via local_blocked (full attention up to 9 tokens, sdpa up to 384)"
     assert local.attention_kernels() == [kernel] * 2
     with torch.no_grad():
         assert torch.isfinite(local(input_ids=torch.randint(5, 99, (1, 700))).logits).all()
@@ -357,4 +395,4 @@ def test_local_checkpoint_runs_without_the_package_via_remote_code(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == (
-        "sliding_attention(window=3, global=[0]) via local_blocked (sdpa up to 384 tokens)")
+        "sliding_attention(window=3, global=[0]) via local_blocked (full attention up to 4 tokens, sdpa up to 384)")

@@ -121,8 +121,8 @@ def test_sliding_window_layers_keep_their_kernel_beside_packed_full_attention(va
     eager, fast = _pair(SineBertModel, **local)
     ids, mask = _batch([12, 6, 9])
     assert fast.attention_kernels() == ["full_attention via varlen",
-                                        "sliding_attention(window=3, global=[0]) via local_blocked (sdpa up to 384 "
-                                        "tokens)"] * 2
+                                        "sliding_attention(window=3, global=[0]) via local_blocked (full attention up "
+                                        "to 4 tokens, sdpa up to 384)"] * 2
     with torch.no_grad():
         a, b = (model(input_ids=ids, attention_mask=mask).last_hidden_state for model in (eager, fast))
     torch.testing.assert_close(a[mask.bool()], b[mask.bool()], atol=1e-5, rtol=1e-5)

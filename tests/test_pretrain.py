@@ -322,7 +322,8 @@ def test_attention_layout_and_dropout_flags_and_the_kernels_are_reported(text_co
         "--global_attention_positions", 0, "--mlp_type", "glu", "--no_bias", "--output_dir", out)
     kernels = json.loads((out / "all_results.json").read_text())["attention_kernels"]
     assert kernels == ["full_attention via sdpa",
-                       "sliding_attention(window=4, global=[0]) via local_blocked (sdpa up to 384 tokens)"]
+                       "sliding_attention(window=4, global=[0]) via local_blocked (full attention up to 5 tokens, "
+                       "sdpa up to 384)"]
     config = json.loads((out / "config.json").read_text())
     assert config["sliding_window"] == 4 and config["global_attention_positions"] == [0]
     assert config["mlp_type"] == "glu" and "FFN 128 (GLU)" in (out / "README.md").read_text()
