@@ -380,9 +380,9 @@ def full_attention_kernel(
 def window_covers(attn_implementation: str | None, sliding_window: int, seq: int | None) -> bool:
     """Whether a sliding window of `sliding_window` reaches every key of inputs of `seq` tokens (None: long inputs),
     so that its layers run as full attention: on the fast path, where they then take the padding-free rows and full
-    attention's kernel. The eager reference keeps its band written out, and an exported graph, which must hold for
-    any length, its window."""
-    fast = (attn_implementation or "eager") != "eager" and not is_tracing()
+    attention's kernel. The eager reference keeps its band written out, an exported graph, which must hold for any
+    length, its window, and an implementation without a local kernel raises at every length."""
+    fast = LOCAL_ATTENTION_KERNELS.get(attn_implementation or "eager", "eager") != "eager" and not is_tracing()
     return fast and seq is not None and seq - 1 <= sliding_window
 
 

@@ -615,19 +615,16 @@ class TokenLayout:
         is padding, if read already."""
         padding = padding_mask(attention_mask, padded)
         masks = {"full_attention": padding}
-        if windows_cover:
-            masks["sliding_attention"] = padding
-        elif "sliding_attention" in config.layer_types:
-            masks["sliding_attention"] = padding
-            # (raises where there is none)
-            kernel = local_attention_kernel(config._attn_implementation, seq, config.sliding_window, device, dtype)
-            if kernel in ("eager", "sdpa"):
-                band = local_attention_mask(seq, config.sliding_window, config.global_attention_positions, padding,
-                                            device)
-                if kernel == "sdpa":  # (queries with no key in reach, at padding, get finite weights, then dropped)
-                    band = additive_mask(band, dtype)
-                masks["sliding_attention"] = band
-        return masks
+        if "sliding_attention" not in config.layer_types or windows_cover:
+            return masks | {"sliding_attention": padding}
+        # (raises where there is none)
+        kernel = local_attention_kernel(config._attn_implementation, seq, config.sliding_window, device, dtype)
+        if kernel not in ("eager", "sdpa"):
+            return masks | {"sliding_attention": padding}
+        band = local_attention_mask(seq, config.sliding_window, config.global_attention_positions, padding, device)
+        if kernel == "sdpa":  # (queries with no key in reach, at padding, get finite weights, then dropped)
+            band = additive_mask(band, dtype)
+        return masks | {"sliding_attention": band}
 
     def _drop(self, config, kept: torch.Tensor, attention_mask, shape, rows: dict | None):
         if config.token_dropping_layers is None:

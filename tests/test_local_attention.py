@@ -300,8 +300,11 @@ def test_an_implementation_without_a_local_kernel_raises_instead_of_attending_ev
     model.config._attn_implementation = "flex_attention"
     with pytest.raises(ValueError, match="'flex_attention' has no sliding-window kernel"):
         model.attention_kernels()
-    with pytest.raises(ValueError, match="'flex_attention' has no sliding-window kernel"):
-        model(input_ids=torch.randint(5, 99, (1, 8)))
+    for seq in (8, 4):  # also where the window (3) covers the input
+        with pytest.raises(ValueError, match="'flex_attention' has no sliding-window kernel"):
+            model.attention_kernels(input_shape=(1, seq))
+        with pytest.raises(ValueError, match="'flex_attention' has no sliding-window kernel"):
+            model(input_ids=torch.randint(5, 99, (1, seq)))
 
 
 def test_default_config_stays_full_attention():
