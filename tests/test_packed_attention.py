@@ -129,6 +129,19 @@ def test_sliding_window_layers_keep_their_kernel_beside_packed_full_attention(va
     assert len(varlen_on_cpu) == 2  # the two full-attention layers
 
 
+def test_sliding_window_layers_whose_window_covers_the_batch_run_varlen_on_the_packed_rows(varlen_on_cpu):
+    """A window of 11 reaches every key of sequences of at most 12 tokens: every layer is full attention."""
+    local = dict(num_hidden_layers=4, sliding_window=11, global_attn_every_n_layers=2, global_attention_positions=[0])
+    eager, fast = _pair(SineBertModel, **local)
+    assert fast.attention_kernels(input_shape=(3, 12))[1] == (
+        "sliding_attention(window=11, global=[0]) via varlen (the window covers the input: full attention)")
+    ids, mask = _batch([12, 6, 9], seq=16)  # padded past the window: the longest sequence decides
+    with torch.no_grad():
+        a, b = (model(input_ids=ids, attention_mask=mask).last_hidden_state for model in (eager, fast))
+    torch.testing.assert_close(a[mask.bool()], b[mask.bool()], atol=1e-5, rtol=1e-5)
+    assert varlen_on_cpu == [[12, 9, 6]] * 4
+
+
 def test_training_with_attention_dropout_runs_the_buckets_and_says_so(varlen_on_cpu):
     model = SineBertModel(tiny_config(attention_probs_dropout_prob=0.1)).train()
     assert model.attention_kernels() == ["full_attention via sdpa"] * 2  # varlen has no dropout
