@@ -614,17 +614,16 @@ class TokenLayout:
         and where the windows cover every sequence (`windows_cover`) full attention's. `padded`: whether any place
         is padding, if read already."""
         padding = padding_mask(attention_mask, padded)
-        masks = {"full_attention": padding}
-        if "sliding_attention" not in config.layer_types or windows_cover:
-            return masks | {"sliding_attention": padding}
-        # (raises where there is none)
-        kernel = local_attention_kernel(config._attn_implementation, seq, config.sliding_window, device, dtype)
-        if kernel not in ("eager", "sdpa"):
-            return masks | {"sliding_attention": padding}
-        band = local_attention_mask(seq, config.sliding_window, config.global_attention_positions, padding, device)
-        if kernel == "sdpa":  # (queries with no key in reach, at padding, get finite weights, then dropped)
-            band = additive_mask(band, dtype)
-        return masks | {"sliding_attention": band}
+        masks = {"full_attention": padding, "sliding_attention": padding}
+        if "sliding_attention" in config.layer_types and not windows_cover:
+            # (raises where there is none)
+            kernel = local_attention_kernel(config._attn_implementation, seq, config.sliding_window, device, dtype)
+            if kernel in ("eager", "sdpa"):
+                band = local_attention_mask(seq, config.sliding_window, config.global_attention_positions, padding,
+                                            device)
+                # (under sdpa, queries with no key in reach, at padding, get finite weights, then dropped)
+                masks["sliding_attention"] = additive_mask(band, dtype) if kernel == "sdpa" else band
+        return masks
 
     def _drop(self, config, kept: torch.Tensor, attention_mask, shape, rows: dict | None):
         if config.token_dropping_layers is None:
