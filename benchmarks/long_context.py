@@ -89,7 +89,7 @@ def speed_model(setup: Setup, length: int) -> torch.nn.Module:
     `local_attention` is the whole width) and the same layers full; ModernBERT has no global token in local layers."""
     from transformers import ModernBertModel
 
-    from benchmarks.speed import modernbert_config, pretraining_settings
+    from benchmarks.speed import modernbert_config, recipe_architecture
     from sinebert import SineBertConfig, SineBertModel
 
     torch.manual_seed(0)
@@ -100,8 +100,7 @@ def speed_model(setup: Setup, length: int) -> torch.nn.Module:
         config = modernbert_config(MODEL_SIZE, setup.attn_implementation, VOCAB, max_position_embeddings=length,
                                    layer_types=layers, local_attention=2 * window)
         return ModernBertModel(config).eval()
-    recipe = {key: value for key, value in pretraining_settings().items() if key != "sparse_prediction"}
-    config = SineBertConfig(vocab_size=VOCAB, **MODEL_SIZE, **recipe, **setup.local)
+    config = SineBertConfig(vocab_size=VOCAB, **MODEL_SIZE, **recipe_architecture(), **setup.local)
     return SineBertModel._from_config(config, attn_implementation=setup.attn_implementation).eval()
 
 

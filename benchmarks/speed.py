@@ -109,13 +109,19 @@ def matmul_peak(precision: str, repeats: int = 10) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def pretraining_settings() -> dict:
-    """sinebert's pretraining settings from the cram recipe (pre-LN, scaled embeddings, no dropout, rotary
-    positions); the masked-LM head predicts only the masked tokens, as `scripts/pretrain.py` sets it."""
+def recipe_architecture() -> dict:
+    """sinebert's settings from the cram recipe (pre-LN, scaled embeddings, no dropout, rotary positions): the
+    architecture a checkpoint pretrained by it, and every model fine-tuned from one, has."""
     import yaml
 
     recipe = yaml.safe_load(RECIPE.read_text())
-    return {key: recipe[key] for key in RECIPE_SETTINGS} | {"sparse_prediction": True}
+    return {key: recipe[key] for key in RECIPE_SETTINGS}
+
+
+def pretraining_settings() -> dict:
+    """`recipe_architecture` with the masked-LM head predicting only the masked tokens, as `scripts/pretrain.py` sets
+    it."""
+    return recipe_architecture() | {"sparse_prediction": True}
 
 
 def dims_of(size: str) -> dict:
@@ -150,9 +156,8 @@ def models(size: str, task: str = "mlm", bert_dropout: float | None = None, bert
 def sinebert_classifier(size: str, pooling: str = "mean") -> SineBertForSequenceClassification:
     """sinebert's classifier at `size` in the architecture it was pretrained with (pre-LN, rotary positions), reading
     its token vectors by `pooling`, two labels."""
-    pretrained = {key: value for key, value in pretraining_settings().items() if key != "sparse_prediction"}
     return SineBertForSequenceClassification(
-        SineBertConfig(**dims_of(size), **pretrained, classifier_pooling=pooling, num_labels=2)
+        SineBertConfig(**dims_of(size), **recipe_architecture(), classifier_pooling=pooling, num_labels=2)
     )
 
 
