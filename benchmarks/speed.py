@@ -51,7 +51,7 @@ from transformers import (
 )
 
 from sinebert import SineBertConfig, SineBertForMaskedLM, SineBertForSequenceClassification
-from sinebert.training.loop import cpu_has_native_bf16
+from sinebert.training.loop import cpu_fields, cpu_has_native_bf16
 from sinebert.training.reporting import peak_rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -688,13 +688,11 @@ def machine() -> str:
 
 
 def cpu_name() -> str:
-    """The CPU's model and its bf16 matrix instructions (which decide bf16's pace: docs/SPEED.md), from
-    /proc/cpuinfo; elsewhere the architecture."""
-    try:
-        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    except OSError:
+    """The CPU's model and its bf16 matrix instructions (which decide bf16's pace: docs/SPEED.md); without
+    /proc/cpuinfo the architecture."""
+    fields = cpu_fields()
+    if not fields:
         return platform.machine()
-    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in info.splitlines())}
     units = [name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
              if flag in fields.get("flags", "").split()]
     return f"{fields.get('model name', platform.machine())} ({', '.join(units) or 'no bf16 instructions'})"

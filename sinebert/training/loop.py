@@ -207,14 +207,19 @@ def check_launch(cpu: bool):
         )
 
 
-def _cpu_flags() -> tuple[str, set[str]]:
-    """The CPU's vendor and instruction-set flags from /proc/cpuinfo (Linux; elsewhere nothing)."""
+def cpu_fields() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo (`vendor_id`, `model name`, `flags`, ...); Linux only, else none."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return "", set()
+        return {}
     fields = dict(line.split(":", 1) for line in info.splitlines()[:40] if ":" in line)
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    return {key.strip(): value.strip() for key, value in fields.items()}
+
+
+def _cpu_flags() -> tuple[str, set[str]]:
+    """The CPU's vendor and instruction-set flags (`cpu_fields`)."""
+    fields = cpu_fields()
     return fields.get("vendor_id", ""), set(fields.get("flags", "").split())
 
 
