@@ -72,6 +72,26 @@ def padding_mask(attention_mask: torch.Tensor | None, padded: bool | None = None
     return mask[:, None, None, :] if padded else None
 
 
+def filler_count(rows: int, multiple: int) -> int:
+    """Filler rows to put after `rows` real ones: up to a multiple of `multiple`, from FILLED_MIN_ROWS rows on."""
+    return -rows % multiple if rows >= FILLED_MIN_ROWS else 0
+
+
+def _real(values: torch.Tensor, n_real: int) -> torch.Tensor:
+    """`(n_real + fillers, ...)` -> `(n_real, ...)`: values itself where there are no fillers (the gradient of a slice
+    is zeros around a copy)."""
+    return values if len(values) == n_real else values[:n_real]
+
+
+def _with_fillers(rows: int, *parts: torch.Tensor) -> torch.Tensor:
+    """`(n_real, ...)`, whole or in parts one after another -> `(rows, ...)`, zeros at the fillers after them, in one
+    copy."""
+    fillers = rows - sum(len(part) for part in parts)
+    if fillers:
+        parts = (*parts, parts[0].new_zeros(fillers, *parts[0].shape[1:]))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
 def nonzero(mask: torch.Tensor, count: int) -> torch.Tensor:
     """The flattened indices `(count,)` of the `count` True places of `mask`, in row-major order."""
     return torch.nonzero_static(mask.flatten(), size=count).squeeze(-1)
@@ -279,7 +299,7 @@ class TokenRows(NamedTuple):
             n_real, longest, sequences = sum(on_host), on_host[0] if on_host else 0, sum(1 for n in on_host if n)
         positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
         layout = PaddedLayout.of(real, n_real, slots=positions.flatten()[nonzero(real[order], n_real)])
-        fillers = -n_real % row_multiple if n_real >= FILLED_MIN_ROWS else 0
+        fillers = filler_count(n_real, row_multiple)
         rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
         if packed:
             # The sequences without tokens left out.
@@ -304,17 +324,12 @@ class TokenRows(NamedTuple):
         return self.layout.pad(self.real(values))
 
     def real(self, values: torch.Tensor) -> torch.Tensor:
-        """`(n_real + fillers, ...)` -> `(n_real, ...)`: values itself where there are no fillers (the gradient of a
-        slice is zeros around a copy)."""
-        return values if len(values) == self.n_real else values[: self.n_real]
+        """`(n_real + fillers, ...)` -> `(n_real, ...)`."""
+        return _real(values, self.n_real)
 
     def with_fillers(self, *parts: torch.Tensor) -> torch.Tensor:
-        """`(n_real, ...)`, whole or in parts one after another -> `(n_real + fillers, ...)`, zeros at the fillers,
-        in one copy."""
-        fillers = len(self.rows) - self.n_real
-        if fillers:
-            parts = (*parts, parts[0].new_zeros(fillers, *parts[0].shape[1:]))
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        """`(n_real, ...)`, whole or in parts one after another -> `(n_real + fillers, ...)`, zeros at the fillers."""
+        return _with_fillers(len(self.rows), *parts)
 
     def real_tokens(self, *inputs: torch.Tensor | None) -> list[torch.Tensor | None]:
         """Each of the embeddings' inputs (ids `(batch, seq)` or `inputs_embeds` `(batch, seq, hidden)`, or None) at
@@ -335,21 +350,40 @@ class TokenRows(NamedTuple):
 
 
 class QueryRows(NamedTuple):
-    """The rows a head reads, which alone the last layer computes: `index` into the rows of its input, and `layout`,
-    the same rows as queries in a `(batch, queries)` grid, each sequence's in its own row."""
+    """The rows a head reads, which alone the last layer computes: `index` into the rows of its input, then filler
+    rows up to a row multiple as TokenRows has them (the masked-LM head reads a new count of rows each batch), and
+    `layout`, the rows read as queries in a `(batch, queries)` grid, each sequence's in its own row."""
 
-    index: torch.Tensor  # (n_read,)
+    index: torch.Tensor  # (n_read + fillers,)
     layout: PaddedLayout
 
     @classmethod
-    def from_mask(cls, output_mask: torch.Tensor, tokens: TokenRows | None, n_read: int, most: int) -> "QueryRows":
+    def from_mask(cls, output_mask: torch.Tensor, tokens: TokenRows | None, n_read: int, most: int,
+                  row_multiple: int = 1) -> "QueryRows":
         """`n_read` and `most`: the count of places read, and the most in one row, read by the caller
-        (`_check_token_mask`)."""
+        (`_check_token_mask`); `row_multiple`: as `TokenRows.from_mask` takes it (none under torch.compile, where
+        the count is a size of the graph)."""
         read = output_mask.bool()
         counts = read.sum(1)  # (batch,)
         positions = nonzero(read, n_read)  # (n_read,) in the flattened batch, row-major
         queries = torch.arange(most, device=read.device) < counts[:, None]  # (batch, most)
-        return cls(positions if tokens is None else tokens.rows_of(positions), PaddedLayout.of(queries, n_read))
+        index = positions if tokens is None else tokens.rows_of(positions)
+        fillers = 0 if torch.compiler.is_compiling() else filler_count(n_read, row_multiple)
+        if fillers:
+            index = torch.cat([index, index[:1].expand(fillers)])
+        return cls(index, PaddedLayout.of(queries, n_read))
+
+    @property
+    def n_read(self) -> int:
+        return len(self.layout.slots)
+
+    def real(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n_read + fillers, ...)` -> `(n_read, ...)`."""
+        return _real(values, self.n_read)
+
+    def with_fillers(self, values: torch.Tensor) -> torch.Tensor:
+        """`(n_read, ...)` -> `(n_read + fillers, ...)`, zeros at the fillers."""
+        return _with_fillers(len(self.index), values)
 
 
 class LayerRows(NamedTuple):
@@ -384,11 +418,11 @@ class LayerRows(NamedTuple):
         else:  # sliding windows need the batch's own positions; padding keys are masked
             output, _ = attention.attend_padded(self.tokens.pad(qkv), mask, output_attentions)
             output = self.tokens.with_fillers(self.tokens.layout.unpad(output))
-        return self.read(output)  # (n_read, hidden) where only the rows read are kept
+        return self.read(output)  # (n_read + fillers, hidden) where only the rows read are kept
 
     def read(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The rows of `queries` of any rows or padded batch, `(n_read, hidden)`; everything where it is None (a
-        layer's residual stream is its input, or only the rows a head reads in the last layer)."""
+        """The rows of `queries` of any rows or padded batch, `(n_read + fillers, hidden)`; everything where it is
+        None (a layer's residual stream is its input, or only the rows a head reads in the last layer)."""
         if self.queries is None:
             return hidden_states
         return hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, self.queries.index)
@@ -426,12 +460,14 @@ class LayerRows(NamedTuple):
 
     def _attend_queries(self, attention: torch.nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor | None,
                         output_attentions: bool, rotation) -> torch.Tensor:
-        """Full attention with only the rows read as queries -> `(n_read, hidden)`: the query projection runs on
-        those rows alone."""
+        """Full attention with only the rows read as queries -> `(n_read + fillers, hidden)`: the query projection
+        runs on those rows alone."""
         hidden, heads, head_dim = attention.out_proj.in_features, attention.num_heads, attention.head_dim
         weight, bias = attention.qkv_proj.weight, attention.qkv_proj.bias  # (3 * hidden, hidden): query, key, value
         query_bias, key_value_bias = (None, None) if bias is None else (bias[:hidden], bias[hidden:])
-        query = torch.nn.functional.linear(self.read(hidden_states), weight[:hidden], query_bias)  # (n_read, hidden)
+        index = self.queries.real(self.queries.index)  # (n_read,): the fillers join after attention
+        read = hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, index)  # (n_read, hidden)
+        query = torch.nn.functional.linear(read, weight[:hidden], query_bias)
         key_value = torch.nn.functional.linear(hidden_states, weight[hidden:], key_value_bias)  # every token
         query = self.queries.layout.pad(query)  # (batch, queries, hidden)
         if self.tokens is not None:
@@ -440,12 +476,12 @@ class LayerRows(NamedTuple):
         query = query.view(batch, -1, heads, head_dim).transpose(1, 2)  # (batch, heads, queries, head_dim)
         key, value = key_value.view(batch, seq, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if rotation is not None:  # turned on the grids, into the layout the kernel takes (zeros at the padding)
-            query = _padded(rotation.select(self.queries.index), self.queries.layout.pad).turn_heads(query[None])
+            query = _padded(rotation.select(index), self.queries.layout.pad).turn_heads(query[None])
             key = (rotation if self.tokens is None else _padded(rotation, self.tokens.pad)).turn_heads(key[None])
             query, key = query.squeeze(0), key.squeeze(0)  # (views: select's gradient is zeros around a copy)
         # (batch, queries, heads, head_dim)
         output, _ = attention.attend(query, key, value, mask, output_attentions, full=True)
-        return self.queries.layout.unpad(output).flatten(1)
+        return self.queries.with_fillers(self.queries.layout.unpad(output).flatten(1))  # (n_read + fillers, hidden)
 
 
 def _gather_rows(qkv: torch.Tensor, bucket: AttentionBucket, heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
@@ -542,6 +578,21 @@ def unpadded_multiples(attn_implementation: str, device: torch.device, dtype: to
     return MATMUL_KEY_MULTIPLE if matmul else 1, CPU_BF16_ROW_MULTIPLE
 
 
+def with_prediction_fillers(hidden_states: torch.Tensor, labels: torch.Tensor, config, dtype: torch.dtype
+                            ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The rows a masked-LM head predicts `(n, hidden)` and their labels `(n,)` -> the same with filler rows (zeros,
+    labelled -100) up to the row multiple of `unpadded_multiples`, and how many, so that the head's products take
+    rows of the multiple that the last layer's took (`QueryRows`); none under the eager reference or in a traced or
+    compiled graph."""
+    multiple = unpadded_multiples(config._attn_implementation, hidden_states.device, dtype)[1]
+    plain = config._attn_implementation == "eager" or is_tracing() or torch.compiler.is_compiling()
+    fillers = 0 if plain else filler_count(len(labels), multiple)
+    if fillers:
+        hidden_states = _with_fillers(len(labels) + fillers, hidden_states)
+        labels = torch.cat([labels, labels.new_full((fillers,), -100)])
+    return hidden_states, labels, fillers
+
+
 def per_head_kernel(attn_implementation: str, device: torch.device, dtype: torch.dtype) -> Callable[[int], bool]:
     """`per_head` of `attention_buckets` for layers computing in `dtype` on `device`: whether full attention over so
     many scores runs the matmul kernel, which reads each head contiguous."""
@@ -599,7 +650,7 @@ class TokenLayout:
                                      "(attention_mask 0); read real tokens only.", per_row=False)
             self.output_mask = output_mask.bool()
             if fast and not output_hidden_states:
-                self.queries = QueryRows.from_mask(output_mask, self.tokens, *read)
+                self.queries = QueryRows.from_mask(output_mask, self.tokens, *read, rows["row_multiple"])
         self.dropping = ()  # the layers of token dropping
         if kept_tokens is not None:
             self._drop(config, kept_tokens.bool(), attention_mask, shape, rows)
@@ -707,7 +758,7 @@ class TokenLayout:
         """The last layer's rows -> `last_hidden_state`: `(batch, seq, hidden)`, or `(n_read, hidden)` in row-major
         order of `output_mask` where one was given."""
         if self.queries is not None:
-            return hidden_states  # the last layer computed the rows read, in that order
+            return self.queries.real(hidden_states)  # the last layer computed the rows read, in that order
         hidden_states = self.padded(hidden_states)
         if self.output_mask is not None:  # every position computed, then selected
             return hidden_states[self.output_mask]

@@ -42,7 +42,7 @@ from .attention_sinebert import (
     window_covers,
 )
 from .configuration_sinebert import SineBertConfig
-from .layout_sinebert import LayerRows, TokenLayout, TokenLoss, nonzero, tokens_to_keep
+from .layout_sinebert import LayerRows, TokenLayout, TokenLoss, nonzero, tokens_to_keep, with_prediction_fillers
 from .loss_sinebert import vocabulary_cross_entropy
 
 
@@ -730,8 +730,12 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
             output_mask=predicted, kept_tokens=kept,
         )
         hidden_states = outputs.last_hidden_state  # (batch, seq, hidden), or (num_predicted, hidden)
+        predictions = fillers = 0
         if predicted is not None:  # the labels read, row-major; as many as the encoder's rows (no read of the device)
-            labels = labels.flatten()[nonzero(predicted, hidden_states.shape[0])]
+            predictions = hidden_states.shape[0]
+            labels = labels.flatten()[nonzero(predicted, predictions)]
+            dtype = self.sinebert._compute_dtype(hidden_states.device)
+            hidden_states, labels, fillers = with_prediction_fillers(hidden_states, labels, self.config, dtype)
         logits = self.decoder(self.head(hidden_states))
         loss = None
         if labels is not None:
@@ -742,7 +746,8 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
                 self.token_loss.update(labels[counted], losses[counted])
             loss = losses.sum() / counted.sum()
         return MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+            loss=loss, logits=logits[:predictions] if fillers else logits, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
         )
 
     def _tokens_to_keep(self, input_ids, attention_mask, labels) -> torch.Tensor:

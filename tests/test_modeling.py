@@ -710,6 +710,39 @@ def test_filler_rows_round_large_batches_up_and_are_dropped_when_the_batch_is_pa
 
 
 @pytest.mark.parametrize("positions", ["absolute", "rotary"])
+@pytest.mark.parametrize("padded", [True, False])
+def test_the_rows_a_masked_lm_head_reads_are_filled_up_to_the_row_multiple_and_match_the_reference(
+        padded, positions, monkeypatch):
+    """The masked tokens' count changes from batch to batch: the last layer's rows read and the head's rows carry
+    fillers up to the row multiple (here 8, from 1 row on, in float32 so that it is exact), and the loss, the logits
+    (one row per masked token) and every gradient equal the eager reference's."""
+    monkeypatch.setattr("sinebert.layout_sinebert.unpadded_multiples", lambda *args: (1, 8))
+    monkeypatch.setattr("sinebert.layout_sinebert.FILLED_MIN_ROWS", 1)
+    eager, sdpa = _model_pair(SineBertForMaskedLM, sparse_prediction=True, position_embedding_type=positions,
+                              norm_placement="pre")
+    inputs = _dropping_inputs(padded)  # 4 x 30 tokens, a fifth of the real ones masked
+    masked = int((inputs["labels"] != -100).sum())
+    assert masked % 8
+    rows = {}
+    for name, module in (("last layer", sdpa.sinebert.layers[-1].mlp), ("head", sdpa.decoder)):
+        module.register_forward_pre_hook(lambda module, args, name=name: rows.setdefault(name, len(args[0])) and None)
+    outputs = []
+    for model in (eager, sdpa):
+        output = model(**inputs)
+        output.loss.backward()
+        outputs.append(output)
+    assert rows == {"last layer": masked + -masked % 8, "head": masked + -masked % 8}
+    assert outputs[1].logits.shape == (masked, 99)
+    torch.testing.assert_close(outputs[0].loss, outputs[1].loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs[0].logits, outputs[1].logits, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), sdpa.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    with torch.no_grad():  # the encoder alone returns the rows read, without the fillers
+        read = sdpa.sinebert(inputs["input_ids"], inputs["attention_mask"], output_mask=inputs["labels"] != -100)
+    assert read.last_hidden_state.shape == (masked, 32)
+
+
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize(("key_multiple", "row_multiple"), [(1, 1), (32, 16)])
 @pytest.mark.parametrize("cls", [SineBertModel, SineBertForMaskedLM, SineBertForSequenceClassification])
 def test_length_buckets_match_the_reference_with_left_padding_and_empty_rows(cls, key_multiple, row_multiple,
