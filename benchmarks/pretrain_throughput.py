@@ -17,7 +17,6 @@ benchmarks/results/pretrain_throughput.{json,md} (or --output_name's).
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.speed import masked_batch, seconds_of, train_step  # noqa: E402
+from benchmarks.speed import cpu_name, masked_batch, seconds_of, train_step  # noqa: E402
 from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
@@ -149,8 +148,7 @@ def main():
         steps = {"no": 10 if args.quick else args.steps, "bf16": args.bf16_steps}
         results = [measure(p, precision, data, work / "tokenizer", work, steps[precision], args.batch, optim)
                    for _ in range(args.rounds) for p, precision in configs for optim in args.optim]
-    report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} cores",
+    report = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_name()}, {os.cpu_count()} cores",
               "model": "configs/cram/pretrain.yaml: hidden 256, 4 layers, 4 heads, FFN 1024, vocab 16000, seq 128",
               "results": results}
     if args.quick:
