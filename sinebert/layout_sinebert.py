@@ -584,9 +584,10 @@ def with_prediction_fillers(hidden_states: torch.Tensor, labels: torch.Tensor, c
     labelled -100) up to the row multiple of `unpadded_multiples`, and how many, so that the head's products take
     rows of the multiple that the last layer's took (`QueryRows`); none under the eager reference or in a traced or
     compiled graph."""
+    if config._attn_implementation == "eager" or is_tracing() or torch.compiler.is_compiling():
+        return hidden_states, labels, 0
     multiple = unpadded_multiples(config._attn_implementation, hidden_states.device, dtype)[1]
-    plain = config._attn_implementation == "eager" or is_tracing() or torch.compiler.is_compiling()
-    fillers = 0 if plain else filler_count(len(labels), multiple)
+    fillers = filler_count(len(labels), multiple)
     if fillers:
         hidden_states = _with_fillers(len(labels) + fillers, hidden_states)
         labels = torch.cat([labels, labels.new_full((fillers,), -100)])

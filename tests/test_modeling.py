@@ -723,9 +723,15 @@ def test_the_rows_a_masked_lm_head_reads_are_filled_up_to_the_row_multiple_and_m
     inputs = _dropping_inputs(padded)  # 4 x 30 tokens, a fifth of the real ones masked
     masked = int((inputs["labels"] != -100).sum())
     assert masked % 8
-    rows = {}
-    for name, module in (("last layer", sdpa.sinebert.layers[-1].mlp), ("head", sdpa.decoder)):
-        module.register_forward_pre_hook(lambda module, args, name=name: rows.setdefault(name, len(args[0])) and None)
+    rows = {}  # the rows that the last layer's feed-forward and the decoder take
+
+    def counter(name):
+        def hook(module, args):
+            rows.setdefault(name, len(args[0]))
+        return hook
+
+    sdpa.sinebert.layers[-1].mlp.register_forward_pre_hook(counter("last layer"))
+    sdpa.decoder.register_forward_pre_hook(counter("head"))
     outputs = []
     for model in (eager, sdpa):
         output = model(**inputs)
