@@ -77,6 +77,12 @@ def filler_count(rows: int, multiple: int) -> int:
     return -rows % multiple if rows >= FILLED_MIN_ROWS else 0
 
 
+def _filled_index(index: torch.Tensor, count: int, multiple: int) -> torch.Tensor:
+    """`index` `(count,)` of rows -> `(count + fillers,)`: copies of its first row after it, up to `filler_count`."""
+    fillers = filler_count(count, multiple)
+    return torch.cat([index, index[:1].expand(fillers)]) if fillers else index
+
+
 def _real(values: torch.Tensor, n_real: int) -> torch.Tensor:
     """`(n_real + fillers, ...)` -> `(n_real, ...)`: values itself where there are no fillers (the gradient of a slice
     is zeros around a copy)."""
@@ -299,8 +305,7 @@ class TokenRows(NamedTuple):
             n_real, longest, sequences = sum(on_host), on_host[0] if on_host else 0, sum(1 for n in on_host if n)
         positions = order[:, None] * real.shape[1] + torch.arange(real.shape[1], device=real.device)  # (batch, seq)
         layout = PaddedLayout.of(real, n_real, slots=positions.flatten()[nonzero(real[order], n_real)])
-        fillers = filler_count(n_real, row_multiple)
-        rows = torch.cat([layout.slots, layout.slots[:1].expand(fillers)]) if fillers else layout.slots
+        rows = _filled_index(layout.slots, n_real, row_multiple)
         if packed:
             # The sequences without tokens left out.
             cu_seq_lens = torch.nn.functional.pad(sorted_lengths[:sequences].cumsum(0), (1, 0)).to(torch.int32)
@@ -368,9 +373,8 @@ class QueryRows(NamedTuple):
         positions = nonzero(read, n_read)  # (n_read,) in the flattened batch, row-major
         queries = torch.arange(most, device=read.device) < counts[:, None]  # (batch, most)
         index = positions if tokens is None else tokens.rows_of(positions)
-        fillers = 0 if torch.compiler.is_compiling() else filler_count(n_read, row_multiple)
-        if fillers:
-            index = torch.cat([index, index[:1].expand(fillers)])
+        if not torch.compiler.is_compiling():
+            index = _filled_index(index, n_read, row_multiple)
         return cls(index, PaddedLayout.of(queries, n_read))
 
     @property
