@@ -451,6 +451,35 @@ def small_kernel_times(repeats: int = 200) -> list[str]:
     return lines
 
 
+def served_kernel_times(repeats: int = 20) -> list[str]:
+    """Median microseconds of served full-attention calls in bf16 (no gradient; 4 heads of 64; keys masked past
+    lengths drawn from half the keys to all of them, as the length buckets' additive mask), SDPA against the matmul
+    kernel, alternating: the shapes of SST-2 dev's buckets, then longer inputs. The measurement behind
+    `cpu_has_amx`'s part in `full_attention_kernel`."""
+    from sinebert.attention_sinebert import additive_mask, matmul_attention_forward
+
+    module = torch.nn.Module().eval()
+    generator = torch.Generator().manual_seed(0)
+    lines = ["| (batch, queries, keys) | scores | SDPA us | matmul us | matmul / SDPA |", "|---|---|---|---|---|"]
+    for batch, queries, keys in ((16, 28, 32), (16, 57, 64), (8, 66, 96), (32, 120, 128), (8, 380, 384),
+                                 (2, 2000, 2048)):
+        q = torch.randn(batch, 4, queries, 64, generator=generator).bfloat16().to(DEVICE)
+        k, v = (torch.randn(batch, 4, keys, 64, generator=generator).bfloat16().to(DEVICE) for _ in range(2))
+        lengths = torch.randint(keys // 2, keys + 1, (batch,), generator=generator)
+        mask = additive_mask((torch.arange(keys) < lengths[:, None])[:, None, None, :].to(DEVICE), torch.bfloat16)
+        calls = {"sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                 "matmul": lambda: matmul_attention_forward(module, q, k, v, mask, 0.125, every_query_has_a_key=True)}
+        times = {name: [] for name in calls}
+        with torch.no_grad():
+            for _ in range(repeats):
+                for name, call in calls.items():
+                    times[name].append(seconds_of(call))
+        sdpa, matmul = (1e6 * statistics.median(times[name]) for name in calls)
+        lines.append(f"| ({batch}, {queries}, {keys}) | {batch * 4 * queries * keys:,} | {sdpa:,.0f} | {matmul:,.0f} | "
+                     f"x{matmul / sdpa:.2f} |")
+    return lines
+
+
 def rounding_times(repeats: int = 20) -> list[str]:
     """What bf16 unpadded batches round up, and why: the softmax over a bucket's keys, with the keys as they are
     and rounded up to a multiple of 32 (`MATMUL_KEY_MULTIPLE`), and the feed-forward network's first product over
@@ -735,7 +764,8 @@ def main():
     if args.batch_size < 1:
         parser.error(f"--batch_size must be at least 1, got {args.batch_size}.")
     if args.kernels:
-        return print("\n".join(kernel_times() + [""] + small_kernel_times() + [""] + rounding_times()))
+        return print("\n".join(kernel_times() + [""] + small_kernel_times() + [""] + served_kernel_times() + [""]
+                                + rounding_times()))
     if args.compiled_training:
         size, precision, task = args.compiled_training
         if task not in ("mlm", "classification"):

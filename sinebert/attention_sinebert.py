@@ -9,7 +9,7 @@ mask (True where a query may attend) and an output `(batch, q_seq, heads, head_d
     varlen         FlashAttention over the sequences packed in a row   full attention under "sdpa", bf16/fp16 on CUDA
     sdpa           PyTorch's scaled_dot_product_attention              full attention under "sdpa" elsewhere
     matmul         two batched matmuls and a softmax in the dtype      the same, for bf16 on a CPU (served: from
-                                                                       2^15 scores on)
+                                                                       2^15 scores on, and not on AMX)
     local_blocked  sliding windows in O(seq * window) memory           sliding-window layers under "sdpa"
     eager          the reference, with weights (the band as a mask)    every layer under "eager"; sliding-window
                                                                        layers in an exported graph
@@ -36,7 +36,14 @@ MATMUL_ATTENTION_MAX_SCORES = 2**25
 # level at 16,384 to 32,768 scores (`python benchmarks/speed.py --kernels`, AMD EPYC with AVX512-BF16, torch 2.13), so
 # where no gradient is taken smaller calls keep SDPA. Training keeps the matmul kernel at every size: with the
 # backward, SDPA took 1.1 to 3.4 times as long from 16,384 scores on, and saved a fifth only on the smallest calls.
+# On a CPU with AMX tiles (CPU_HAS_AMX) SDPA's bf16 forward runs its products on them, and serving keeps it at every
+# size: the matmul kernel took 1.1 to 1.8 times as long on the shapes of SST-2 dev's length buckets, 1.0 to 1.3 times
+# at 32 x 128 tokens, 1.3 to 3.3 at 8 x 384 and 3.5 to 3.9 at 2 x 2,048 (four runs of `python benchmarks/speed.py
+# --kernels`, Intel Xeon with AMX, torch 2.13). With the backward it stays ahead there up to 512 tokens.
 MATMUL_ATTENTION_MIN_SCORES = 2**15
+# Whether this CPU has AMX tiles that this process may use (Intel Xeon from Sapphire Rapids on), as PyTorch's own
+# kernels decide to use them: what the CPU is, never a timing.
+CPU_HAS_AMX = torch.cpu._is_amx_tile_supported()
 # PyTorch's bf16 softmax on a CPU is fast along a last dimension that is a multiple of 32 and runs a slow loop over
 # the rest: over 40 keys it took 1.9 times as long as over 64, over 63 keys 4.5 times (`python benchmarks/speed.py
 # --kernels`, AMD EPYC, torch 2.13). Where full attention runs the matmul kernel, the padding-free layout rounds each
@@ -366,14 +373,14 @@ def full_attention_kernel(
     """The kernel that full attention runs under `attn_implementation` for inputs of `dtype` on `device` whose scores
     have `scores` entries (batch * heads * q_seq * k_seq): "varlen" on `packed` rows; "sdpa" becomes "matmul" for
     bf16 on a CPU while the scores fit in MATMUL_ATTENTION_MAX_SCORES and, where no gradient is taken (grad mode off,
-    as serving runs), number at least MATMUL_ATTENTION_MIN_SCORES."""
+    as serving runs), number at least MATMUL_ATTENTION_MIN_SCORES on a CPU without AMX (never with it)."""
     if packed:
         return "varlen"
     implementation = attn_implementation or "eager"
     cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
-    least = 0 if torch.is_grad_enabled() else MATMUL_ATTENTION_MIN_SCORES
-    if implementation == "sdpa" and cpu_bf16 and least <= scores <= MATMUL_ATTENTION_MAX_SCORES:
-        return "matmul"
+    if implementation == "sdpa" and cpu_bf16 and scores <= MATMUL_ATTENTION_MAX_SCORES:
+        if torch.is_grad_enabled() or scores >= MATMUL_ATTENTION_MIN_SCORES and not CPU_HAS_AMX:
+            return "matmul"
     return implementation
 
 

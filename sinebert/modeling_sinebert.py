@@ -486,11 +486,12 @@ class SineBertPreTrainedModel(PreTrainedModel):
         768)", ...]`, for layers computing in `dtype` (by default autocast's where it is on, else the weights') on the
         model's device, and inputs of `input_shape` (batch, seq), by default the shortest, under the grad mode of the
         call: bf16 full attention on a CPU runs "matmul" up to MATMUL_ATTENTION_MAX_SCORES scores, without a gradient
-        only from MATMUL_ATTENTION_MIN_SCORES on, and "sdpa" outside; on a GPU in bf16 or fp16 it runs "varlen"
-        (unless it trains with attention dropout). Sliding-window layers run "local_blocked", "sdpa" over the band
-        written out on inputs of at most `attention_sinebert.local_dense_limit` tokens, and full attention's kernel on
-        the rows of inputs their window covers (`attention_sinebert.window_covers`): without `input_shape` they say all
-        three. Raises ValueError where a layer has no kernel, exactly as a forward pass would."""
+        only from MATMUL_ATTENTION_MIN_SCORES on and not on a CPU with AMX, and "sdpa" outside; on a GPU in bf16 or
+        fp16 it runs "varlen" (unless it trains with attention dropout). Sliding-window layers run "local_blocked",
+        "sdpa" over the band written out on inputs of at most `attention_sinebert.local_dense_limit` tokens, and full
+        attention's kernel on the rows of inputs their window covers (`attention_sinebert.window_covers`): without
+        `input_shape` they say all three. Raises ValueError where a layer has no kernel, exactly as a forward pass
+        would."""
         device = self.device
         if dtype is None:
             dtype = self.base_model._compute_dtype(device)

@@ -401,6 +401,7 @@ def test_matmul_kernel_takes_masks_per_query_and_per_head_as_eager_does(mask_sha
 
 def test_sdpa_runs_the_matmul_kernel_only_for_bf16_on_a_cpu_while_the_scores_fit_and_says_so(monkeypatch):
     cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    monkeypatch.setattr("sinebert.attention_sinebert.CPU_HAS_AMX", False)  # what this host has must not matter
     assert full_attention_kernel("sdpa", cpu, bf16, 2 * 4 * 16 * 16) == "matmul"
     assert full_attention_kernel("sdpa", cpu, torch.float32, 2 * 4 * 16 * 16) == "sdpa"
     assert full_attention_kernel("sdpa", torch.device("cuda"), bf16) == "sdpa"
@@ -408,6 +409,12 @@ def test_sdpa_runs_the_matmul_kernel_only_for_bf16_on_a_cpu_while_the_scores_fit
     with torch.no_grad():  # serving: small calls keep SDPA's one call, larger ones take the matmul kernel
         assert full_attention_kernel("sdpa", cpu, bf16, MATMUL_ATTENTION_MIN_SCORES - 1) == "sdpa"
         assert full_attention_kernel("sdpa", cpu, bf16, MATMUL_ATTENTION_MIN_SCORES) == "matmul"
+    monkeypatch.setattr("sinebert.attention_sinebert.CPU_HAS_AMX", True)  # on AMX tiles, serving keeps SDPA throughout
+    with torch.no_grad():
+        assert full_attention_kernel("sdpa", cpu, bf16, MATMUL_ATTENTION_MIN_SCORES) == "sdpa"
+        assert full_attention_kernel("sdpa", cpu, bf16, MATMUL_ATTENTION_MAX_SCORES) == "sdpa"
+    assert full_attention_kernel("sdpa", cpu, bf16, MATMUL_ATTENTION_MIN_SCORES) == "matmul"  # training does not
+    monkeypatch.setattr("sinebert.attention_sinebert.CPU_HAS_AMX", False)
     monkeypatch.setattr("sinebert.attention_sinebert.MATMUL_ATTENTION_MAX_SCORES", 2 * 4 * 16 * 16 - 1)
     assert full_attention_kernel("sdpa", cpu, bf16, 2 * 4 * 16 * 16) == "sdpa"  # long inputs keep SDPA's kernel
     model = SineBertModel(tiny_config())  # 4 heads
@@ -671,28 +678,35 @@ def test_a_bucket_gathers_each_heads_queries_keys_and_values_and_puts_the_output
     assert torch.equal(picked, output.transpose(1, 2).reshape(-1, heads * head_dim)[ragged.slots])
 
 
-def test_only_buckets_whose_kernel_reads_each_head_contiguous_get_rows_per_head():
+def test_only_buckets_whose_kernel_reads_each_head_contiguous_get_rows_per_head(monkeypatch):
     """The layout asks the kernel a bucket of its size will run: the matmul kernel (bf16 on a CPU, scores up to
-    MATMUL_ATTENTION_MAX_SCORES, served from MATMUL_ATTENTION_MIN_SCORES on) reads each head contiguous, SDPA reads
-    whole rows' strided heads."""
+    MATMUL_ATTENTION_MAX_SCORES, served from MATMUL_ATTENTION_MIN_SCORES on where the CPU has no AMX) reads each head
+    contiguous, SDPA reads whole rows' strided heads."""
     cpu = torch.device("cpu")
+    monkeypatch.setattr("sinebert.attention_sinebert.CPU_HAS_AMX", False)
     matmul = per_head_kernel("sdpa", cpu, torch.bfloat16)
     assert matmul(MATMUL_ATTENTION_MAX_SCORES) and not matmul(MATMUL_ATTENTION_MAX_SCORES + 1) and matmul(1)
     with torch.no_grad():
         assert matmul(MATMUL_ATTENTION_MIN_SCORES) and not matmul(MATMUL_ATTENTION_MIN_SCORES - 1)
+        monkeypatch.setattr("sinebert.attention_sinebert.CPU_HAS_AMX", True)
+        assert not matmul(MATMUL_ATTENTION_MIN_SCORES)
     assert not per_head_kernel("sdpa", cpu, torch.float32)(1) and not per_head_kernel("eager", cpu, torch.bfloat16)(1)
     long, short = buckets([100] * 4 + [5] * 4, heads=2, per_head=lambda scores: scores <= 4 * 2 * 5 * 5)
     assert long.head_rows is None and long.head_slots is None  # 4 x 2 x 100 x 100 scores: whole rows
     assert short.head_rows is not None and len(short.head_slots) == 2 * 20
 
 
-def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu():
+def test_unpadded_bf16_batches_round_keys_and_rows_up_only_on_a_cpu(monkeypatch):
     cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    monkeypatch.setattr("sinebert.attention_sinebert.CPU_HAS_AMX", False)
     assert unpadded_multiples("sdpa", cpu, torch.float32) == (1, 1)
     assert unpadded_multiples("sdpa", torch.device("cuda"), bf16) == (1, 1)
     assert unpadded_multiples("sdpa", cpu, bf16) == (MATMUL_KEY_MULTIPLE, CPU_BF16_ROW_MULTIPLE) == (32, 16)
     with torch.no_grad():  # served, the larger buckets still run the matmul kernel
         assert unpadded_multiples("sdpa", cpu, bf16) == (32, 16)
+        monkeypatch.setattr("sinebert.attention_sinebert.CPU_HAS_AMX", True)  # but not on AMX: no keys rounded up
+        assert unpadded_multiples("sdpa", cpu, bf16) == (1, 16)
+    assert unpadded_multiples("sdpa", cpu, bf16) == (32, 16)  # training keeps the matmul kernel there
     assert unpadded_multiples("flex_attention", cpu, bf16) == (1, 16)  # no matmul kernel, no keys rounded up
 
 
