@@ -45,7 +45,11 @@ def _padded_batch_mask(batch: int, seq: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(("seq", "window", "global_positions"), KERNEL_CASES)
 @pytest.mark.parametrize("padded", [False, True])
-def test_local_kernel_equals_eager_with_band_mask_and_gradients_match(seq, window, global_positions, padded):
+@pytest.mark.parametrize("blocks_kernel", ["sdpa", "matmul"])
+def test_local_kernel_equals_eager_with_band_mask_and_gradients_match(seq, window, global_positions, padded,
+                                                                      blocks_kernel, monkeypatch):
+    """Through either kernel of the blocks (SDPA, or the matmul kernel's products and softmax)."""
+    monkeypatch.setattr("sinebert.attention_sinebert.full_attention_kernel", lambda *args: blocks_kernel)
     torch.manual_seed(seq + window)
     module = nn.Module().eval()
     leaves = [torch.randn(3, 2, seq, 8, requires_grad=True) for _ in range(3)]  # (batch, heads, seq, head_dim)
@@ -64,6 +68,39 @@ def test_local_kernel_equals_eager_with_band_mask_and_gradients_match(seq, windo
         torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
     if padded:  # the fully padded row has no key to attend to: zeros, not NaN
         assert torch.count_nonzero(blocked[2]) == 0
+
+
+def test_the_blocks_attend_through_the_kernel_full_attention_would_run_on_as_many_scores(monkeypatch):
+    """SDPA in float32, the matmul kernel's products for bf16 on a CPU while training, and served only where the CPU
+    has no AMX tiles (`full_attention_kernel`); the same outputs to bf16's rounding."""
+    import sinebert.attention_sinebert as attention
+
+    ran = []
+    for helper in ("_blocks_through_sdpa", "_blocks_through_matmul"):
+        original = getattr(attention, helper)
+        monkeypatch.setattr(attention, helper, lambda *args, original=original, helper=helper: ran.append(helper)
+                            or original(*args))
+    module = nn.Module().eval()
+    query, key, value = (torch.randn(2, 2, 300, 8) for _ in range(3))
+    padding = padding_mask(_padded_batch_mask(2, 300))
+
+    def attend(dtype, grad: bool, amx: bool) -> tuple[str, torch.Tensor]:
+        monkeypatch.setattr(attention, "CPU_HAS_AMX", amx)
+        ran.clear()
+        with torch.set_grad_enabled(grad):
+            output, _ = local_attention_forward(module, *(x.to(dtype) for x in (query, key, value)), padding,
+                                                scaling=0.35, sliding_window=70, global_positions=(0,))
+        return ran[0], output.float()
+
+    assert attend(torch.float32, True, False)[0] == attend(torch.float32, False, False)[0] == "_blocks_through_sdpa"
+    kernel, trained = attend(torch.bfloat16, True, True)
+    assert kernel == "_blocks_through_matmul"
+    kernel, served = attend(torch.bfloat16, False, False)
+    assert kernel == "_blocks_through_matmul"
+    kernel, served_on_amx = attend(torch.bfloat16, False, True)
+    assert kernel == "_blocks_through_sdpa"
+    torch.testing.assert_close(served_on_amx, served, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(trained, served)
 
 
 def test_band_mask_is_the_band_plus_global_rows_and_columns():
