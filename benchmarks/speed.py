@@ -455,7 +455,7 @@ def served_kernel_times(repeats: int = 20) -> list[str]:
     """Median microseconds of served full-attention calls in bf16 (no gradient; 4 heads of 64; keys masked past
     lengths drawn from half the keys to all of them, as the length buckets' additive mask), SDPA against the matmul
     kernel, alternating: the shapes of SST-2 dev's buckets, then longer inputs. The measurement behind
-    `cpu_has_amx`'s part in `full_attention_kernel`."""
+    CPU_HAS_AMX's part in `full_attention_kernel`."""
     from sinebert.attention_sinebert import additive_mask, matmul_attention_forward
 
     module = torch.nn.Module().eval()
