@@ -57,7 +57,9 @@ MIN_LOCAL_BLOCK = 64
 # blocks of keys) in several calls; there SDPA over the band written out, in one call, is the faster: sliding-window
 # layers run it where seq <= ratio * 3 * block. The ratios are the crossovers measured with the backward on a CPU (2
 # threads, 4 heads of 64, windows of 64 and 128): fp32 x0.78 of the blocked kernel's time at 512 tokens, x1.39 at
-# 1,024 (w=128); bf16 on a CPU, whose blocked products run at bf16 speed, x0.86 at 384, x1.06 at 512. On a GPU the
+# 1,024 (w=128); bf16 on a CPU, whose blocked products run at bf16 speed, x0.86 at 384, x1.06 at 512. With AMX tiles,
+# where SDPA's bf16 runs on them, the fp32 ratio: x0.61 to x0.80 at 512 to 768 tokens, x0.86 and x0.92 at 1,024,
+# x1.08 at 1,536 (w=128, batch 4, one global token; ad-hoc probes, Intel Xeon with AMX, 2026-12-07). On a GPU the
 # fp32 ratio, not measured there.
 LOCAL_DENSE_RATIO = 2.0
 LOCAL_DENSE_RATIO_CPU_BF16 = 1.25
@@ -298,7 +300,7 @@ def local_block(sliding_window: int) -> int:
 def local_dense_limit(sliding_window: int, device: torch.device, dtype: torch.dtype) -> int:
     """The longest input on which sliding-window layers run SDPA over the written-out band (see LOCAL_DENSE_RATIO)."""
     cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
-    ratio = LOCAL_DENSE_RATIO_CPU_BF16 if cpu_bf16 else LOCAL_DENSE_RATIO
+    ratio = LOCAL_DENSE_RATIO_CPU_BF16 if cpu_bf16 and not CPU_HAS_AMX else LOCAL_DENSE_RATIO
     return int(ratio * 3 * local_block(sliding_window))
 
 

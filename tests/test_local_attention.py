@@ -186,15 +186,18 @@ def test_fast_path_refuses_to_return_weights():
             fast.layers[1].attention(torch.randn(1, seq, 32), None, output_attentions=True)
 
 
-def test_short_inputs_run_sdpa_over_the_band_written_out_once_and_long_ones_the_blocked_kernel():
+def test_short_inputs_run_sdpa_over_the_band_written_out_once_and_long_ones_the_blocked_kernel(monkeypatch):
     """Up to `local_dense_limit` tokens SDPA's one call over every pair beats the blocked kernel's three blocks of
     keys per block (the ratios in attention_sinebert.py); the layout writes that band out once for every layer, as
     the additive mask SDPA adds. Above it, the padding mask, from which the blocked kernel makes its own."""
     from sinebert.layout_sinebert import TokenLayout
 
     cpu = torch.device("cpu")
+    monkeypatch.setattr("sinebert.attention_sinebert.CPU_HAS_AMX", False)
     assert local_dense_limit(3, cpu, torch.float32) == 2 * 3 * 64  # (the block is at least 64)
     assert local_dense_limit(128, cpu, torch.float32) == 768 and local_dense_limit(128, cpu, torch.bfloat16) == 480
+    monkeypatch.setattr("sinebert.attention_sinebert.CPU_HAS_AMX", True)  # SDPA's bf16 on the tiles: as fp32's
+    assert local_dense_limit(128, cpu, torch.bfloat16) == 768
     _, fast = _model_pair(SineBertModel)
     for seq, kernel in ((384, "sdpa"), (385, "local_blocked")):
         assert fast.attention_kernels(input_shape=(2, seq))[1].endswith(f"via {kernel}")
