@@ -244,12 +244,13 @@ def local_attention_forward(
     values = _neighbour_blocks(value, 2, block, tail, value[:, :, glob])  # k = 3 * block + n_global
     # (batch or 1, 1, blocks, block, k): True where a query may not attend a key
     blocked = ~_local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)
+    queries = F.pad(query, (0, 0, 0, tail)).view(batch, heads, blocks, block, head_dim)
     dropout = dropout if module.training else 0.0
     scores = batch * heads * blocks * block * keys.shape[-2]
     if full_attention_kernel("sdpa", query.device, query.dtype, scores) == "sdpa":
-        output = _blocks_through_sdpa(query, keys, values, blocked, tail, scaling, dropout)
+        output = _blocks_through_sdpa(queries, keys, values, blocked, scaling, dropout)
     else:
-        output = _blocks_through_matmul(query, keys, values, blocked, tail, scaling, dropout)
+        output = _blocks_through_matmul(queries, keys, values, blocked, scaling, dropout)
     output = output.reshape(batch, heads, blocks * block, head_dim)
     if glob.numel():
         global_output, _ = matmul_attention_forward(
@@ -259,33 +260,30 @@ def local_attention_forward(
     return output[:, :, :seq].transpose(1, 2).contiguous(), None  # (batch, seq, heads, head_dim)
 
 
-def _blocks_through_matmul(query, keys, values, blocked, tail: int, scaling: float, dropout: float) -> torch.Tensor:
-    """The blocks' attention by two products and a softmax: query `(batch, heads, seq, head_dim)`, keys and values
-    `(batch, heads, blocks, k, head_dim)`, blocked `(batch or 1, 1, blocks, block, k)` True where a query may not
-    attend -> `(batch, heads, blocks, block, head_dim)`, zeros where a query has no key in reach (as the eager kernel
-    gives them: their softmax was uniform over masked keys)."""
-    batch, heads, blocks, _, head_dim = keys.shape
+def _blocks_through_matmul(queries, keys, values, blocked, scaling: float, dropout: float) -> torch.Tensor:
+    """The blocks' attention by two products and a softmax: queries `(batch, heads, blocks, block, head_dim)`, keys
+    and values `(batch, heads, blocks, k, head_dim)`, blocked `(batch or 1, 1, blocks, block, k)` True where a query
+    may not attend -> `(batch, heads, blocks, block, head_dim)`, zeros where a query has no key in reach (as the eager
+    kernel gives them: their softmax was uniform over masked keys)."""
     # Scaling the queries costs seq * head_dim multiplications; scaling the scores would cost seq * k.
-    queries = F.pad(query * scaling, (0, 0, 0, tail)).view(batch, heads, blocks, -1, head_dim)
-    scores = torch.matmul(queries, keys.transpose(-1, -2))  # (batch, heads, blocks, block, k)
+    scores = torch.matmul(queries * scaling, keys.transpose(-1, -2))  # (batch, heads, blocks, block, k)
     # In place: the largest tensor here is written once more, not copied. Keys out of reach get finfo.min, so their
     # softmax weights underflow to exactly zero wherever a row has any key in reach.
     scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
     # float32 at least (as in the eager kernel), float64 stays float64 so that its finfo.min stays finite.
-    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
+    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(queries.dtype)
     del scores  # free it before the output is made
     output = torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0), values)
     return output.masked_fill_(blocked.all(dim=-1, keepdim=True), 0.0)  # (in place: the product is not saved)
 
 
-def _blocks_through_sdpa(query, keys, values, blocked, tail: int, scaling: float, dropout: float) -> torch.Tensor:
+def _blocks_through_sdpa(queries, keys, values, blocked, scaling: float, dropout: float) -> torch.Tensor:
     """The same through SDPA, every block a sequence of its own: `(batch * blocks, heads, block or k, head_dim)`,
     the masks as the bias `(batch * blocks, 1, block, k)`."""
     batch, heads, blocks, k, head_dim = keys.shape
-    queries = F.pad(query, (0, 0, 0, tail)).view(batch, heads, blocks, -1, head_dim)
     queries, keys, values = (x.transpose(1, 2).flatten(0, 1) for x in (queries, keys, values))
     blocked = blocked.transpose(1, 2)  # (batch or 1, blocks, 1, block, k)
-    bias = additive_mask(~blocked, query.dtype).expand(batch, blocks, 1, -1, k).flatten(0, 1)
+    bias = additive_mask(~blocked, queries.dtype).expand(batch, blocks, 1, -1, k).flatten(0, 1)
     output = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, dropout_p=dropout, scale=scaling)
     # (not in place: SDPA's backward reads its output)
     output = output.view(batch, blocks, heads, -1, head_dim).masked_fill(blocked.all(dim=-1, keepdim=True), 0.0)
