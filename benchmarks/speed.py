@@ -5,7 +5,7 @@ same batches.
     python benchmarks/speed.py --quick      # a few steps of each, to check the benchmark runs
     python benchmarks/speed.py --remeasure memory   # redo one part of the saved results (memory, peak, inference)
     python benchmarks/speed.py --remeasure training --cell small fp32   # redo one training row
-    python benchmarks/speed.py --profile    # where an fp32 inference pass of each model spends its time
+    python benchmarks/speed.py --profile    # where an inference pass of each model spends its time (fp32, bf16)
     python benchmarks/speed.py --inference_only     # only the inference rows, printed, not saved (for A/B runs)
     python benchmarks/speed.py --inference_only --compiled  # the same with every model torch.compile'd (serving)
     python benchmarks/speed.py --compiled_training small bf16 mlm   # sinebert's training step compiled against
@@ -374,18 +374,21 @@ def inference_throughput(precision: str, batches: list, repeats: int, compiled: 
 
 
 def profile_inference(batches: list, rows: int = 12):
-    """Prints the operators that take most of one fp32 pass over `batches`, for each model."""
+    """Prints the operators that take most of one pass over `batches`, for each model, in fp32 and under bf16
+    autocast."""
     from torch.profiler import profile
 
     contenders = dict(zip(("sinebert", "bert"), (m.eval() for m in models("small", task="classification"))))
-    with torch.no_grad():
-        for name, model in contenders.items():
-            for batch in batches:  # warm-up
-                model(**batch)
-            with profile() as trace:
-                for batch in batches:
+    for precision in ("fp32", "bf16"):
+        with torch.no_grad(), autocast(precision):
+            for name, model in contenders.items():
+                for batch in batches:  # warm-up
                     model(**batch)
-            print(f"{name}:\n" + trace.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+                with profile() as trace:
+                    for batch in batches:
+                        model(**batch)
+                table = trace.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+                print(f"{name}, {precision}:\n{table}")
 
 
 KERNEL_SHAPES = ((32, 4, 128, 64), (32, 8, 128, 64), (8, 4, 512, 64), (2, 4, 2048, 64))
@@ -739,7 +742,7 @@ def main():
     parser.add_argument("--cell", nargs=2, metavar=("SIZE", "PRECISION"),
                         help="With --remeasure training: only this row (e.g. small fp32), where another job had "
                              "shared the machine.")
-    parser.add_argument("--profile", action="store_true", help="Profile one fp32 SST-2 dev inference pass of each.")
+    parser.add_argument("--profile", action="store_true", help="Profile one SST-2 dev inference pass of each, fp32 and bf16.")
     parser.add_argument("--inference_only", action="store_true", help="Measure only inference; print, do not save.")
     parser.add_argument("--compiled", action="store_true",
                         help="With --inference_only: every model torch.compile'd (dynamic shapes, freezing).")
