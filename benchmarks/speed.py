@@ -742,7 +742,8 @@ def main():
     parser.add_argument("--cell", nargs=2, metavar=("SIZE", "PRECISION"),
                         help="With --remeasure training: only this row (e.g. small fp32), where another job had "
                              "shared the machine.")
-    parser.add_argument("--profile", action="store_true", help="Profile one SST-2 dev inference pass of each, fp32 and bf16.")
+    parser.add_argument("--profile", action="store_true",
+                        help="Profile one SST-2 dev inference pass of each, fp32 and bf16.")
     parser.add_argument("--inference_only", action="store_true", help="Measure only inference; print, do not save.")
     parser.add_argument("--compiled", action="store_true",
                         help="With --inference_only: every model torch.compile'd (dynamic shapes, freezing).")
