@@ -242,15 +242,15 @@ def local_attention_forward(
     glob = _global_index(global_positions, seq, query.device)  # (n_global,)
     keys = _neighbour_blocks(key, 2, block, tail, key[:, :, glob])  # (batch, heads, blocks, k, head_dim)
     values = _neighbour_blocks(value, 2, block, tail, value[:, :, glob])  # k = 3 * block + n_global
-    # (batch or 1, 1, blocks, block, k): True where a query may not attend a key
-    blocked = ~_local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)
+    # (batch or 1, 1, blocks, block, k): True where a query may attend a key
+    allowed = _local_block_mask(attention_mask, glob, seq, block, tail, sliding_window)
     queries = F.pad(query, (0, 0, 0, tail)).view(batch, heads, blocks, block, head_dim)
     dropout = dropout if module.training else 0.0
     scores = batch * heads * blocks * block * keys.shape[-2]
     if full_attention_kernel("sdpa", query.device, query.dtype, scores) == "sdpa":
-        output = _blocks_through_sdpa(queries, keys, values, blocked, scaling, dropout)
+        output = _blocks_through_sdpa(queries, keys, values, allowed, scaling, dropout)
     else:
-        output = _blocks_through_matmul(queries, keys, values, blocked, scaling, dropout)
+        output = _blocks_through_matmul(queries, keys, values, allowed, scaling, dropout)
     output = output.reshape(batch, heads, blocks * block, head_dim)
     if glob.numel():
         global_output, _ = matmul_attention_forward(
@@ -260,11 +260,12 @@ def local_attention_forward(
     return output[:, :, :seq].transpose(1, 2).contiguous(), None  # (batch, seq, heads, head_dim)
 
 
-def _blocks_through_matmul(queries, keys, values, blocked, scaling: float, dropout: float) -> torch.Tensor:
+def _blocks_through_matmul(queries, keys, values, allowed, scaling: float, dropout: float) -> torch.Tensor:
     """The blocks' attention by two products and a softmax: queries `(batch, heads, blocks, block, head_dim)`, keys
-    and values `(batch, heads, blocks, k, head_dim)`, blocked `(batch or 1, 1, blocks, block, k)` True where a query
-    may not attend -> `(batch, heads, blocks, block, head_dim)`, zeros where a query has no key in reach (as the eager
+    and values `(batch, heads, blocks, k, head_dim)`, allowed `(batch or 1, 1, blocks, block, k)` True where a query
+    may attend -> `(batch, heads, blocks, block, head_dim)`, zeros where a query has no key in reach (as the eager
     kernel gives them: their softmax was uniform over masked keys)."""
+    blocked = ~allowed
     # Scaling the queries costs seq * head_dim multiplications; scaling the scores would cost seq * k.
     scores = torch.matmul(queries * scaling, keys.transpose(-1, -2))  # (batch, heads, blocks, block, k)
     # In place: the largest tensor here is written once more, not copied. Keys out of reach get finfo.min, so their
@@ -277,16 +278,16 @@ def _blocks_through_matmul(queries, keys, values, blocked, scaling: float, dropo
     return output.masked_fill_(blocked.all(dim=-1, keepdim=True), 0.0)  # (in place: the product is not saved)
 
 
-def _blocks_through_sdpa(queries, keys, values, blocked, scaling: float, dropout: float) -> torch.Tensor:
+def _blocks_through_sdpa(queries, keys, values, allowed, scaling: float, dropout: float) -> torch.Tensor:
     """The same through SDPA, every block a sequence of its own: `(batch * blocks, heads, block or k, head_dim)`,
     the masks as the bias `(batch * blocks, 1, block, k)`."""
     batch, heads, blocks, k, head_dim = keys.shape
     queries, keys, values = (x.transpose(1, 2).flatten(0, 1) for x in (queries, keys, values))
-    blocked = blocked.transpose(1, 2)  # (batch or 1, blocks, 1, block, k)
-    bias = additive_mask(~blocked, queries.dtype).expand(batch, blocks, 1, -1, k).flatten(0, 1)
+    allowed = allowed.transpose(1, 2)  # (batch or 1, blocks, 1, block, k)
+    bias = additive_mask(allowed, queries.dtype).expand(batch, blocks, 1, -1, k).flatten(0, 1)
     output = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, dropout_p=dropout, scale=scaling)
     # (not in place: SDPA's backward reads its output)
-    output = output.view(batch, blocks, heads, -1, head_dim).masked_fill(blocked.all(dim=-1, keepdim=True), 0.0)
+    output = output.view(batch, blocks, heads, -1, head_dim).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
     return output.transpose(1, 2)  # (batch, heads, blocks, block, head_dim)
 
 
