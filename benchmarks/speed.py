@@ -432,6 +432,16 @@ def kernel_times(repeats: int = 5) -> list[str]:
     return lines
 
 
+def alternating_medians(calls: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each of `calls` (name -> function), timed `repeats` times in turn, so that the host's drift
+    falls on all of them alike."""
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            times[name].append(seconds_of(call))
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
 def small_kernel_times(repeats: int = 200) -> list[str]:
     """Median microseconds of small full-attention calls in bf16 (4 heads of 64, no mask), SDPA against the matmul
     kernel, alternating: served (forward, no gradient) and trained (forward and backward). The measurement behind
@@ -443,13 +453,11 @@ def small_kernel_times(repeats: int = 200) -> list[str]:
         for grad in (False, True):
             q, k, v = (torch.randn(batch, 4, seq, 64, dtype=torch.bfloat16, device=DEVICE, requires_grad=grad)
                        for _ in range(3))
-            times = {name: [] for name in kernels}
+            calls = {name: lambda kernel=kernel: kernel(q, k, v).sum().backward() if grad else kernel(q, k, v)
+                     for name, kernel in kernels.items()}
             with torch.set_grad_enabled(grad):
-                for _ in range(repeats):
-                    for name, kernel in kernels.items():
-                        times[name].append(seconds_of(
-                            lambda kernel=kernel: kernel(q, k, v).sum().backward() if grad else kernel(q, k, v)))
-            cells.append(" / ".join(f"{1e6 * statistics.median(times[name]):.0f}" for name in kernels))
+                medians = alternating_medians(calls, repeats)
+            cells.append(" / ".join(f"{1e6 * medians[name]:.0f}" for name in kernels))
         lines.append(f"| ({batch}, {seq}) | {batch * 4 * seq * seq:,} | {cells[0]} | {cells[1]} |")
     return lines
 
@@ -472,12 +480,9 @@ def served_kernel_times(repeats: int = 20) -> list[str]:
         mask = additive_mask((torch.arange(keys) < lengths[:, None])[:, None, None, :].to(DEVICE), torch.bfloat16)
         calls = {"sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
                  "matmul": lambda: matmul_attention_forward(module, q, k, v, mask, 0.125, every_query_has_a_key=True)}
-        times = {name: [] for name in calls}
         with torch.no_grad():
-            for _ in range(repeats):
-                for name, call in calls.items():
-                    times[name].append(seconds_of(call))
-        sdpa, matmul = (1e6 * statistics.median(times[name]) for name in calls)
+            medians = alternating_medians(calls, repeats)
+        sdpa, matmul = (1e6 * medians[name] for name in calls)
         lines.append(f"| ({batch}, {queries}, {keys}) | {batch * 4 * queries * keys:,} | {sdpa:,.0f} | {matmul:,.0f} | "
                      f"x{matmul / sdpa:.2f} |")
     return lines
