@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from ..layout_sinebert import TokenLoss
+from .all_reduce import register_gradient_all_reduce
 from .checkpoint import CheckpointManager
 from .errors import SharedUserError, UserError, write_staged
 from .hub import check_hub
@@ -386,6 +387,10 @@ class Trainer:
         # loss in fp32, so the copy (pretraining's logits: masked rows x vocabulary, each step) was pure cost, a fifth
         # of a bf16 step on 2 CPU cores (benchmarks/pretrain_throughput.py). Unwrapping so removes both wrappers.
         accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)
+        # CPU processes on one machine average their gradients through shared memory, not gloo's sockets.
+        self.gradient_all_reduce = register_gradient_all_reduce(self.model)
+        if self.gradient_all_reduce:
+            accelerator.print(f"gradient all-reduce: {self.gradient_all_reduce}")
         self.train_dataloader = train_dataloader
         # Running statistics of the data the model keeps (token dropping's loss table), paused for a second look.
         self.running_statistics = [module for module in model.modules() if isinstance(module, TokenLoss)]
@@ -498,6 +503,7 @@ class Trainer:
             "stopped_early": stop_reason,
             "attention_kernels": self.attention_kernels,
             "optimizer": self.optimizer_description,
+            "gradient_all_reduce": self.gradient_all_reduce,
         }
 
     def _time_left(self) -> dict:

@@ -1,0 +1,122 @@
+"""The gradient all-reduce through shared memory (sinebert/training/all_reduce.py): DDP's gradients as gloo averages
+them, and gloo kept, with the reason said, wherever the processes cannot share the buffer."""
+
+import copy
+import errno
+import os
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from sinebert.training import all_reduce
+from sinebert.training.all_reduce import SharedMemoryAllReduce, header_bytes, shared_memory_all_reduce, x86_linux
+
+
+def _start(rank: int, world_size: int, folder: str):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world_size)
+
+
+def _gradients(rank: int, world_size: int, folder: str, data_bytes: int):
+    """Process `rank`: three backward passes of a small network under DDP, once with gloo's all-reduce and once with
+    the shared-memory one (small buckets, and a data area smaller than a bucket so that buckets go in many pieces);
+    saves both models' gradients and what each process saw of the buffer's file."""
+    _start(rank, world_size, folder)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(30, 200), torch.nn.GELU(), torch.nn.Linear(200, 70))
+    gloo = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.02)
+    shared = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net), bucket_cap_mb=0.02)
+    hook, why = shared_memory_all_reduce(rank, world_size, folder=f"{folder}/shm", data_bytes=data_bytes)
+    shared.register_comm_hook(None, hook.all_reduce)
+    left = os.listdir(f"{folder}/shm")
+    for step in range(3):
+        inputs = torch.randn(4, 30, generator=torch.Generator().manual_seed(10 * step + rank))
+        for model in (gloo, shared):
+            model.zero_grad()
+            model(inputs).square().sum().backward()
+    result = {f"{name}.{i}": p.grad for name, model in (("gloo", gloo), ("shared", shared))
+              for i, p in enumerate(model.parameters())}
+    save_file({**result, "files_left": torch.tensor(len(left))}, f"{folder}/rank{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not x86_linux(), reason="the shared-memory all-reduce runs on x86-64 Linux only")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_shared_memory_averages_gradients_as_gloo_does_and_leaves_no_file(tmp_path, world_size):
+    (tmp_path / "shm").mkdir()
+    data_bytes = 2 * world_size * 4096  # pieces of 4 KiB: 1,024 floats, against buckets of about 5,000
+    torch.multiprocessing.spawn(_gradients, args=(world_size, str(tmp_path), data_bytes), nprocs=world_size)
+    ranks = [load_file(tmp_path / f"rank{rank}") for rank in range(world_size)]
+    names = [key.removeprefix("gloo.") for key in ranks[0] if key.startswith("gloo.")]
+    for rank in ranks:
+        assert rank["files_left"] == 0  # removed as soon as every process had mapped it
+        for name in names:
+            # Every process ends with the same mean; with two it is gloo's bit for bit (a / 2 + b / 2 either way),
+            # with three the same sum added in another order.
+            assert torch.equal(rank[f"shared.{name}"], ranks[0][f"shared.{name}"])
+            if world_size == 2:
+                assert torch.equal(rank[f"shared.{name}"], rank[f"gloo.{name}"]), name
+            else:
+                torch.testing.assert_close(rank[f"shared.{name}"], rank[f"gloo.{name}"], rtol=1e-5, atol=1e-6)
+
+
+def _fallback(rank: int, world_size: int, folder: str, fault: str):
+    """Process `rank` sets up the shared-memory all-reduce with `fault` injected, then saves what it got."""
+    _start(rank, world_size, folder)
+    shm = f"{folder}/shm"
+    if fault == "not one machine" and rank == 1:  # this process maps a file of other contents, as on another host
+        real = torch.from_file
+        torch.from_file = lambda name, **kw: real(f"{folder}/elsewhere", **kw)
+        with open(f"{folder}/elsewhere", "wb") as other:
+            other.truncate(32 << 20)
+    if fault == "no folder":
+        shm = f"{folder}/missing"
+    if fault == "full":
+        def full(*_):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.posix_fallocate = full
+    hook, why = shared_memory_all_reduce(rank, world_size, folder=shm)
+    with open(f"{folder}/why{rank}", "w") as report:
+        report.write(f"{hook is None}|{why}|{len(os.listdir(f'{folder}/shm'))}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not x86_linux(), reason="the shared-memory all-reduce runs on x86-64 Linux only")
+@pytest.mark.parametrize("fault, reason", [
+    ("not one machine", "not every process could map the first one's file in"),
+    ("no folder", "no file could be created in"),
+    ("full", "could not hold 16 MiB (No space left on device)"),
+])
+def test_every_process_keeps_gloo_and_says_why_where_the_buffer_cannot_be_shared(tmp_path, fault, reason):
+    (tmp_path / "shm").mkdir()
+    torch.multiprocessing.spawn(_fallback, args=(2, str(tmp_path), fault), nprocs=2)
+    for rank in range(2):
+        none, why, files = (tmp_path / f"why{rank}").read_text().split("|")
+        assert none == "True" and reason in why, (rank, why)
+        assert files == "0"  # nothing left in the folder
+
+
+def test_a_process_that_never_arrives_is_named_after_the_timeout():
+    buffer = torch.zeros(header_bytes(2) + 2 * 2 * 64, dtype=torch.uint8)
+    hook = SharedMemoryAllReduce(buffer, rank=0, world_size=2, timeout=timedelta(seconds=0.2))
+    raised = []
+
+    def wait():
+        try:
+            hook._barrier()
+        except RuntimeError as error:
+            raised.append(str(error))
+
+    waiting = threading.Thread(target=wait, daemon=True)
+    waiting.start()
+    waiting.join(timeout=30)
+    assert not waiting.is_alive(), "the barrier waited past its timeout"
+    assert raised and "for process 1 at the gradient all-reduce" in raised[0]
+
+
+def test_a_model_not_under_ddp_has_no_all_reduce_to_report():
+    assert all_reduce.register_gradient_all_reduce(torch.nn.Linear(2, 2)) is None
