@@ -68,11 +68,10 @@ def _fallback(rank: int, world_size: int, folder: str, fault: str):
     """Process `rank` sets up the shared-memory all-reduce with `fault` injected, then saves what it got."""
     _start(rank, world_size, folder)
     shm = f"{folder}/shm"
-    if fault == "not one machine" and rank == 1:  # this process maps a file of other contents, as on another host
-        real = torch.from_file
-        torch.from_file = lambda name, **kw: real(f"{folder}/elsewhere", **kw)
-        with open(f"{folder}/elsewhere", "wb") as other:
-            other.truncate(32 << 20)
+    if fault == "not one machine" and rank == 1:  # this process sees its own /dev/shm, as on another host
+        real = os.open
+        os.open = lambda path, *a: real(path.replace("/shm/", "/elsewhere/"), *a)
+        os.mkdir(f"{folder}/elsewhere")
     if fault == "no folder":
         shm = f"{folder}/missing"
     if fault == "full":
@@ -98,6 +97,8 @@ def test_every_process_keeps_gloo_and_says_why_where_the_buffer_cannot_be_shared
         none, why, files = (tmp_path / f"why{rank}").read_text().split("|")
         assert none == "True" and reason in why, (rank, why)
         assert files == "0"  # nothing left in the folder
+    if fault == "not one machine":  # nor on the other "machine"
+        assert not any((tmp_path / "elsewhere").iterdir())
 
 
 def test_a_process_that_never_arrives_is_named_after_the_timeout():

@@ -14,6 +14,7 @@ created in /dev/shm, the random bytes the first wrote there. Anywhere else gloo 
 the results say which one runs.
 """
 
+import mmap
 import os
 import platform
 import secrets
@@ -132,9 +133,9 @@ def shared_memory_all_reduce(rank: int, world_size: int, folder: str = SHARED_ME
         return None, message[1:].decode()
     nonce, path = message[1 : 1 + NONCE], os.fsdecode(message[1 + NONCE :])
     try:
-        buffer = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+        buffer = _map(path, size)
         mapped = bytes(buffer[at : at + NONCE].tolist()) == nonce
-    except (OSError, RuntimeError):
+    except (OSError, ValueError):  # no such file here, or a shorter one
         mapped = False
     everyone = torch.tensor([int(mapped)])
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
@@ -161,6 +162,16 @@ def _create(folder: str, size: int, at: int, nonce: bytes) -> tuple[str, str]:
     finally:
         os.close(descriptor)
     return path, ""
+
+
+def _map(path: str, size: int) -> torch.Tensor:
+    """The first `size` bytes of the existing file `path`, mapped shared, as a uint8 tensor (which keeps the mapping
+    alive). Not `torch.from_file`, which would create a missing file: on another machine, a stray one."""
+    descriptor = os.open(path, os.O_RDWR)
+    try:
+        return torch.frombuffer(mmap.mmap(descriptor, size, mmap.MAP_SHARED), dtype=torch.uint8)
+    finally:
+        os.close(descriptor)
 
 
 def _broadcast_bytes(payload: bytes, rank: int, longest: int = 4096) -> bytes:
