@@ -32,6 +32,7 @@ def _gradients(rank: int, world_size: int, folder: str, data_bytes: int):
     shared = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net), bucket_cap_mb=0.02)
     hook, why = shared_memory_all_reduce(rank, world_size, folder=f"{folder}/shm", data_bytes=data_bytes)
     shared.register_comm_hook(None, hook.all_reduce)
+    dist.barrier()  # the first process removes the file once all have mapped it, maybe after the others return
     left = os.listdir(f"{folder}/shm")
     for step in range(3):
         inputs = torch.randn(4, 30, generator=torch.Generator().manual_seed(10 * step + rank))
@@ -79,6 +80,7 @@ def _fallback(rank: int, world_size: int, folder: str, fault: str):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         os.posix_fallocate = full
     hook, why = shared_memory_all_reduce(rank, world_size, folder=shm)
+    dist.barrier()
     with open(f"{folder}/why{rank}", "w") as report:
         report.write(f"{hook is None}|{why}|{len(os.listdir(f'{folder}/shm'))}")
     dist.destroy_process_group()

@@ -43,9 +43,10 @@ class SharedMemoryAllReduce:
     `all_reduce` is the communication hook (`model.register_comm_hook(None, this.all_reduce)`).
 
     Layout of `buffer`: a flag per process (an int64 at the start of its own cache line: how many barriers it has
-    reached), a line holding the 16 random bytes that proved the mapping shared, then the data area. Each bucket goes through in
-    pieces of at most `piece_bytes`; a piece takes two barriers (all copied in; all shares summed) and alternates
-    between the area's two sets, so that a process copying in the next piece never overwrites one still being read.
+    reached), a line holding the 16 random bytes that proved the mapping shared, then the data area. Each bucket goes
+    through in pieces of at most `piece_bytes`; a piece takes two barriers (all copied in; all shares summed) and
+    alternates between the area's two sets, so that a process copying in the next piece never overwrites one still
+    being read.
     """
 
     def __init__(self, buffer: torch.Tensor, rank: int, world_size: int, timeout: timedelta = TIMEOUT):
@@ -187,9 +188,12 @@ def _broadcast_bytes(payload: bytes, rank: int, longest: int = 4096) -> bytes:
 
 def register_gradient_all_reduce(model: nn.Module) -> str | None:
     """Gives a DDP-wrapped CPU model the shared-memory all-reduce where it can run. Returns what averages the
-    gradients, for the log and the results ("shared memory", or "gloo" and why), or None for a model not under DDP."""
-    if not isinstance(model, nn.parallel.DistributedDataParallel) or dist.get_backend() != "gloo":
+    gradients, for the log and the results: "shared memory", "gloo" and why not shared memory, another backend's name
+    (GPUs: "nccl"), or None for a model not under DDP (one process, or FSDP's shards)."""
+    if not isinstance(model, nn.parallel.DistributedDataParallel):
         return None
+    if dist.get_backend() != "gloo":
+        return dist.get_backend()
     hook, why = shared_memory_all_reduce(dist.get_rank(), dist.get_world_size())
     if hook is None:
         return f"gloo ({why})"
