@@ -33,6 +33,10 @@ SHARED_MEMORY = "/dev/shm"
 DATA_BYTES = 16 << 20
 LINE = 64  # one cache line per process's flag, so that flags written by different cores never share a line
 NONCE = 16
+# A barrier spins for this many looks (about 0.2 ms), then sleeps this long between looks. Spinning for a thousand
+# looks (about 5 ms) made two processes 3-7% slower than gloo when a third job shared the 2 cores (docs/SPEED.md).
+SPIN_LOOKS = 50
+SLEEP = 0.0001
 # How long a process waits for the others at one step of the reduction before it says they are gone: gloo's own
 # default for a collective.
 TIMEOUT = timedelta(minutes=30)
@@ -84,13 +88,13 @@ class SharedMemoryAllReduce:
 
     def _barrier(self):
         """Returns once every process has reached as many barriers as this one. Spins (yielding the core) for the
-        first thousand looks, the usual wait inside a step, then sleeps between looks."""
+        first SPIN_LOOKS looks, then sleeps between looks, so that a wait on a shared core leaves it to the others."""
         self.barriers += 1
         self.flags[self.rank] = self.barriers
         looks, since = 0, None
         while int(self.flags.min()) < self.barriers:
             looks += 1
-            if looks < 1000:
+            if looks < SPIN_LOOKS:
                 os.sched_yield()
                 continue
             since = since or time.monotonic()
@@ -100,7 +104,7 @@ class SharedMemoryAllReduce:
                     f"Process {self.rank} waited {self.timeout:.0f} seconds for process{'es' * (len(late) > 1)} "
                     f"{', '.join(late)} at the gradient all-reduce through shared memory; it most likely died: see "
                     "its output above.")
-            time.sleep(0.0002)
+            time.sleep(SLEEP)
 
 
 def x86_linux() -> bool:
