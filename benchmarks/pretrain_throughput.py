@@ -10,8 +10,8 @@ Runs the real script (data loading, masking, optimizer, logging) with the settin
 core, it times the bare step as benchmarks/speed.py does (forward, backward, clipping, fused AdamW on synthetic
 batches of the same shape) of a fresh model built from the config the script saved, after the run and (from the second
 run on) before it, so that the host's drift hits both, and reports the script's tokens/s as a share of the bare
-step's: what the data pipeline, masking, logging and, with two processes, the gradient all-reduce cost. Writes
-benchmarks/results/pretrain_throughput.{json,md} (or --output_name's).
+step's: what the data pipeline, masking, logging and, with two processes, the gradient all-reduce (which the results
+name) cost. Writes benchmarks/results/pretrain_throughput.{json,md} (or --output_name's).
 """
 
 import argparse
@@ -104,12 +104,13 @@ def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: P
         config.save_pretrained(work)
     bare += bare_step_times(config, bare_precision, batch, steps // 2)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    averaged_by = json.loads((out / "all_results.json").read_text())["gradient_all_reduce"]  # None: one process
     windows = [r["tokens_per_second"] for r in rows if "tokens_per_second" in r][1:]  # first window: warm-up
     script, step = statistics.median(windows), batch * 128 / statistics.median(bare)
     return {
         "processes": processes, "precision": precision, "optim": optim, "tokens_per_second": script,
         "bare_step_tokens_per_second": step, "share_of_bare_step": script / step,
-        "steps": steps, "global_batch": batch, "wall_seconds": round(wall, 1),
+        "steps": steps, "global_batch": batch, "wall_seconds": round(wall, 1), "gradient_all_reduce": averaged_by,
     }
 
 
@@ -159,11 +160,11 @@ def main():
     lines = [f"Pretraining throughput of scripts/pretrain.py ({report['model']}, global batch {args.batch}), "
              f"{report['date']}, {report['machine']}.", "",
              "| processes | precision | optimizer | script tokens/s | bare step tokens/s | script / bare step "
-             "| steps |",
-             "|---|---|---|---|---|---|---|"]
+             "| steps | gradient all-reduce |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['processes']} | {'fp32' if r['precision'] == 'no' else r['precision']} | {r['optim']} | "
               f"{r['tokens_per_second']:,.0f} | {r['bare_step_tokens_per_second']:,.0f} | "
-              f"{r['share_of_bare_step']:.1%} | {r['steps']} |" for r in results]
+              f"{r['share_of_bare_step']:.1%} | {r['steps']} | {r['gradient_all_reduce'] or '-'} |" for r in results]
     (RESULTS / f"{args.output_name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
