@@ -63,7 +63,6 @@ class SharedMemoryAllReduce:
 
     def all_reduce(self, state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         gradients = bucket.buffer()  # (n,) the bucket's gradients, flat
-        gradients.div_(self.world_size)  # as DDP's own hook does before summing: the sum is then the mean
         per_piece = self.piece_bytes // gradients.element_size()
         for start in range(0, gradients.numel(), per_piece):
             self._reduce(gradients[start : start + per_piece])
@@ -72,11 +71,12 @@ class SharedMemoryAllReduce:
         return done
 
     def _reduce(self, piece: torch.Tensor):
-        """Replaces `piece` (m,) by the sum of every process's `piece`."""
+        """Replaces `piece` (m,) by the mean of every process's `piece`."""
         m = piece.numel()
         area = self.data[self.set * self.world_size * self.piece_bytes :][: self.world_size * self.piece_bytes]
         slots = area.view(piece.dtype).view(self.world_size, -1)[:, :m]  # (world_size, m): one row per process
-        slots[self.rank].copy_(piece)
+        # Each divides its own before the sum, as DDP's own hook does; here on the way in, not in a pass of its own.
+        torch.div(piece, self.world_size, out=slots[self.rank])
         self._barrier()
         share = slice(self.rank * m // self.world_size, (self.rank + 1) * m // self.world_size)
         total = slots[0, share]
