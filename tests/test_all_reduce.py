@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from sinebert.training import all_reduce
-from sinebert.training.all_reduce import SharedMemoryAllReduce, header_bytes, shared_memory_all_reduce, x86_linux
+from sinebert.training.all_reduce import (SharedMemoryAllReduce, header_bytes, register_gradient_all_reduce,
+                                          shared_memory_all_reduce, x86_linux)
 
 
 def _start(rank: int, world_size: int, folder: str):
@@ -122,4 +122,4 @@ def test_a_process_that_never_arrives_is_named_after_the_timeout():
 
 
 def test_a_model_not_under_ddp_has_no_all_reduce_to_report():
-    assert all_reduce.register_gradient_all_reduce(torch.nn.Linear(2, 2)) is None
+    assert register_gradient_all_reduce(torch.nn.Linear(2, 2)) is None
