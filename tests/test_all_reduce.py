@@ -14,6 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from sinebert.training.all_reduce import (SharedMemoryAllReduce, header_bytes, register_gradient_all_reduce,
                                           shared_memory_all_reduce, x86_linux)
+from sinebert.training.loop import DDP_OPTIONS, setup_accelerator
+from tests.conftest import load_script
 
 
 def _start(rank: int, world_size: int, folder: str):
@@ -23,13 +25,14 @@ def _start(rank: int, world_size: int, folder: str):
 
 def _gradients(rank: int, world_size: int, folder: str, data_bytes: int):
     """Process `rank`: three backward passes of a small network under DDP, once with gloo's all-reduce and once with
-    the shared-memory one (small buckets, and a data area smaller than a bucket so that buckets go in many pieces);
-    saves both models' gradients and what each process saw of the buffer's file."""
+    the shared-memory one and the Trainer's DDP options, the gradients views of the buckets (small buckets, and a data
+    area smaller than a bucket so that buckets go in many pieces); saves both models' gradients, whether the second's
+    are views, and what each process saw of the buffer's file."""
     _start(rank, world_size, folder)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(30, 200), torch.nn.GELU(), torch.nn.Linear(200, 70))
     gloo = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.02)
-    shared = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net), bucket_cap_mb=0.02)
+    shared = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net), bucket_cap_mb=0.02, **DDP_OPTIONS)
     hook, why = shared_memory_all_reduce(rank, world_size, folder=f"{folder}/shm", data_bytes=data_bytes)
     shared.register_comm_hook(None, hook.all_reduce)
     dist.barrier()  # the first process removes the file once all have mapped it, maybe after the others return
@@ -41,7 +44,8 @@ def _gradients(rank: int, world_size: int, folder: str, data_bytes: int):
             model(inputs).square().sum().backward()
     result = {f"{name}.{i}": p.grad for name, model in (("gloo", gloo), ("shared", shared))
               for i, p in enumerate(model.parameters())}
-    save_file({**result, "files_left": torch.tensor(len(left))}, f"{folder}/rank{rank}")
+    views = all(p.grad._base is not None for p in shared.parameters())
+    save_file({**result, "files_left": torch.tensor(len(left)), "views": torch.tensor(views)}, f"{folder}/rank{rank}")
     dist.destroy_process_group()
 
 
@@ -55,6 +59,7 @@ def test_shared_memory_averages_gradients_as_gloo_does_and_leaves_no_file(tmp_pa
     names = [key.removeprefix("gloo.") for key in ranks[0] if key.startswith("gloo.")]
     for rank in ranks:
         assert rank["files_left"] == 0  # removed as soon as every process had mapped it
+        assert rank["views"]  # the hook averaged in place the buckets that the gradients are views of
         for name in names:
             # Every process ends with the same mean; with two it is gloo's bit for bit (a / 2 + b / 2 either way),
             # with three the same sum added in another order.
@@ -123,3 +128,9 @@ def test_a_process_that_never_arrives_is_named_after_the_timeout():
 
 def test_a_model_not_under_ddp_has_no_all_reduce_to_report():
     assert register_gradient_all_reduce(torch.nn.Linear(2, 2)) is None
+
+
+def test_the_trainer_keeps_gradients_as_views_of_ddp_buckets(tmp_path):
+    args = load_script("finetune_classification").parse_args(["--train_file", "unused.tsv", "--output_dir",
+                                                               str(tmp_path)])
+    assert setup_accelerator(args).ddp_handler.to_kwargs() == DDP_OPTIONS == {"gradient_as_bucket_view": True}
