@@ -11,7 +11,10 @@ core, it times the bare step as benchmarks/speed.py does (forward, backward, cli
 batches of the same shape) of a fresh model built from the config the script saved, after the run and (from the second
 run on) before it, so that the host's drift hits both, and reports the script's tokens/s as a share of the bare
 step's: what the data pipeline, masking, logging and, with two processes, the gradient all-reduce (which the results
-name) cost. Writes benchmarks/results/pretrain_throughput.{json,md} (or --output_name's).
+name) cost. It also times, the same way, the bare step in the script's own layout (with two processes or more, as
+many under DDP, each with its share of the batch and of the cores, the gradients averaged as the script averages
+them), so that the script's share of that step is what its data pipeline, masking and logging cost alone. Writes
+benchmarks/results/pretrain_throughput.{json,md} (or --output_name's).
 """
 
 import argparse
@@ -25,12 +28,16 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.speed import cpu_name, masked_batch, seconds_of, train_step  # noqa: E402
 from sinebert import SineBertConfig, SineBertForMaskedLM  # noqa: E402
+from sinebert.training.all_reduce import register_gradient_all_reduce  # noqa: E402
+from sinebert.training.loop import DDP_OPTIONS  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -68,28 +75,61 @@ def launch(processes: int, precision: str, args: list[str]) -> subprocess.Comple
     return result
 
 
-def bare_step_times(config: SineBertConfig, precision: str, batch: int, steps: int, warmup: int = 3) -> list[float]:
-    """Seconds of `steps` bare training steps (after `warmup`) of a fresh model built from `config`, on every core:
-    the recipe's clipping (1.0) and the fused AdamW the script's Trainer uses, on speed.py's masked batch of `batch`
-    rows of 128 random tokens (15% masked and predicted, as in the script's blocks)."""
-    torch.set_num_threads(os.cpu_count())
+def bare_step_times(config: SineBertConfig, precision: str, batch: int, steps: int, warmup: int = 3,
+                    rank: int = 0, threads: int | None = None) -> list[float]:
+    """Seconds of `steps` bare training steps (after `warmup`) of a fresh model built from `config`, on `threads`
+    threads (every core by default): the recipe's clipping (1.0) and the fused AdamW the script's Trainer uses, on
+    speed.py's masked batch of `batch` rows of 128 random tokens (15% masked and predicted, as in the script's blocks;
+    drawn from seed `rank`). Under an initialised process group the model runs under DDP as the script runs it, with
+    its gradient all-reduce."""
+    torch.set_num_threads(threads or os.cpu_count())
     torch.manual_seed(0)
     model = SineBertForMaskedLM(config).train()
+    if dist.is_initialized():
+        model = torch.nn.parallel.DistributedDataParallel(model, **DDP_OPTIONS)
+        register_gradient_all_reduce(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    inputs = masked_batch(torch.Generator().manual_seed(0), rows=batch, vocab=config.vocab_size)
+    inputs = masked_batch(torch.Generator().manual_seed(rank), rows=batch, vocab=config.vocab_size)
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])  # as the script's collator passes it
     times = [seconds_of(lambda: train_step(model, optimizer, inputs, precision, max_grad_norm=1.0))
              for _ in range(warmup + steps)]
     return times[warmup:]
 
 
+def layout_step_times(config: SineBertConfig, precision: str, batch: int, steps: int, processes: int) -> list[float]:
+    """`bare_step_times` in the script's layout: `processes` processes under DDP over gloo, each with batch //
+    processes rows and cpu_count // processes threads, as `launch` starts them; the first process's seconds."""
+    with tempfile.TemporaryDirectory() as folder:
+        seconds = mp.get_context("spawn").SimpleQueue()
+        mp.start_processes(_layout_process, args=(processes, folder, seconds, config, precision, batch, steps),
+                           nprocs=processes, start_method="spawn")
+        return seconds.get()
+
+
+def _layout_process(rank: int, processes: int, folder: str, seconds, config, precision: str, batch: int, steps: int):
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=processes)
+    try:
+        times = bare_step_times(config, precision, batch // processes, steps, rank=rank,
+                                threads=max(1, os.cpu_count() // processes))
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        seconds.put(times)
+
+
+def step_times(config: SineBertConfig, precision: str, batch: int, steps: int, processes: int) -> tuple[list, list]:
+    """Seconds of the bare step on every core, and in the script's layout (for one process, the same)."""
+    bare = bare_step_times(config, precision, batch, steps)
+    return bare, (layout_step_times(config, precision, batch, steps, processes) if processes > 1 else list(bare))
+
+
 def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: Path, steps: int, batch: int,
             optim: str = "adamw") -> dict:
     out = work / f"run_{processes}_{precision}_{optim}"
     bare_precision = "bf16" if precision == "bf16" else "fp32"
-    # The bare step is timed before the run (once the first run has saved the model's config) and after it.
+    # The bare steps are timed before the run (once the first run has saved the model's config) and after it.
     config = SineBertConfig.from_pretrained(work) if (work / "config.json").exists() else None
-    bare = bare_step_times(config, bare_precision, batch, steps // 2) if config else []
+    bare, layout = step_times(config, bare_precision, batch, steps // 2, processes) if config else ([], [])
     start = time.perf_counter()
     launch(processes, precision, [
         "--config_file", str(RECIPE), "--train_file", str(data), "--tokenizer_name", str(tokenizer),
@@ -102,14 +142,17 @@ def measure(processes: int, precision: str, data: Path, tokenizer: Path, work: P
     if config is None:
         config = SineBertConfig.from_pretrained(out)
         config.save_pretrained(work)
-    bare += bare_step_times(config, bare_precision, batch, steps // 2)
+    after = step_times(config, bare_precision, batch, steps // 2, processes)
+    bare, layout = bare + after[0], layout + after[1]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     averaged_by = json.loads((out / "all_results.json").read_text())["gradient_all_reduce"]  # None: one process
     windows = [r["tokens_per_second"] for r in rows if "tokens_per_second" in r][1:]  # first window: warm-up
     script, step = statistics.median(windows), batch * 128 / statistics.median(bare)
+    in_layout = batch * 128 / statistics.median(layout)
     return {
         "processes": processes, "precision": precision, "optim": optim, "tokens_per_second": script,
         "bare_step_tokens_per_second": step, "share_of_bare_step": script / step,
+        "layout_step_tokens_per_second": in_layout, "share_of_layout_step": script / in_layout,
         "steps": steps, "global_batch": batch, "wall_seconds": round(wall, 1), "gradient_all_reduce": averaged_by,
     }
 
@@ -160,11 +203,12 @@ def main():
     lines = [f"Pretraining throughput of scripts/pretrain.py ({report['model']}, global batch {args.batch}), "
              f"{report['date']}, {report['machine']}.", "",
              "| processes | precision | optimizer | script tokens/s | bare step tokens/s | script / bare step "
-             "| steps | gradient all-reduce |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| bare step in the script's layout | script / it | steps | gradient all-reduce |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['processes']} | {'fp32' if r['precision'] == 'no' else r['precision']} | {r['optim']} | "
               f"{r['tokens_per_second']:,.0f} | {r['bare_step_tokens_per_second']:,.0f} | "
-              f"{r['share_of_bare_step']:.1%} | {r['steps']} | {r['gradient_all_reduce'] or '-'} |" for r in results]
+              f"{r['share_of_bare_step']:.1%} | {r['layout_step_tokens_per_second']:,.0f} | "
+              f"{r['share_of_layout_step']:.1%} | {r['steps']} | {r['gradient_all_reduce'] or '-'} |" for r in results]
     (RESULTS / f"{args.output_name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
