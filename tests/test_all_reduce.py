@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 from sinebert.training.all_reduce import (SharedMemoryAllReduce, header_bytes, register_gradient_all_reduce,
                                           shared_memory_all_reduce, x86_linux)
 from sinebert.training.loop import DDP_OPTIONS, setup_accelerator
-from tests.conftest import load_script
+from sinebert import SineBertForMaskedLM
+from tests.conftest import load_script, tiny_config
 
 
 def _start(rank: int, world_size: int, folder: str):
@@ -133,4 +134,35 @@ def test_a_model_not_under_ddp_has_no_all_reduce_to_report():
 def test_the_trainer_keeps_gradients_as_views_of_ddp_buckets(tmp_path):
     args = load_script("finetune_classification").parse_args(["--train_file", "unused.tsv", "--output_dir",
                                                                str(tmp_path)])
-    assert setup_accelerator(args).ddp_handler.to_kwargs() == DDP_OPTIONS == {"gradient_as_bucket_view": True}
+    assert setup_accelerator(args).ddp_handler.to_kwargs() == {"gradient_as_bucket_view": True}
+
+
+def _buffers_after_steps(rank: int, world_size: int, folder: str):
+    """Process `rank`: three steps of a small masked-LM with token dropping by loss under DDP with the Trainer's
+    options, each process on batches of its own; saves its buffers."""
+    _start(rank, world_size, folder)
+    torch.manual_seed(0)
+    config = tiny_config(num_hidden_layers=3, sparse_prediction=True, token_dropping_layers=[1, 2],
+                         token_dropping_policy="loss", position_embedding_type="rotary")
+    model = torch.nn.parallel.DistributedDataParallel(SineBertForMaskedLM(config).train(), **DDP_OPTIONS)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(3):
+        ids = torch.randint(5, config.vocab_size, (4, 16), generator=generator)
+        labels = torch.where(torch.rand(4, 16, generator=generator) < 0.3, ids, -100)
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    save_file({name: b.contiguous() for name, b in model.module.named_buffers()}, f"{folder}/rank{rank}")
+    dist.destroy_process_group()
+
+
+def test_buffers_stay_equal_across_processes_without_ddp_sending_them(tmp_path):
+    # What forward_sync_buffers=False rests on: no buffer of the model drifts apart between processes that train on
+    # different batches, token dropping's loss table included (it sums every process's losses itself).
+    torch.multiprocessing.spawn(_buffers_after_steps, args=(2, str(tmp_path)), nprocs=2)
+    first, second = load_file(tmp_path / "rank0"), load_file(tmp_path / "rank1")
+    assert "token_loss.running" in first and first.keys() == second.keys()
+    assert first["token_loss.running"].isfinite().sum() > 10  # the table learnt from both processes' ids
+    for name in first:
+        assert torch.equal(first[name], second[name]), name

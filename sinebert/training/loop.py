@@ -44,9 +44,13 @@ from .sharding import (
 # collectives: it counts no loss terms and no tokens. It keeps its labels: a masked-LM's last layer computes only the
 # labelled rows, and with none its query projection would get no gradient, a different all-reduce from the others'.
 REPEATED = "repeated_batch"
-# DDP keeps each gradient as a view of its all-reduce bucket, instead of copying every bucket back into the gradients
-# after its all-reduce: two CPU processes of the cram's bf16 step ran 2.3% faster (docs/SPEED.md).
-DDP_OPTIONS = {"gradient_as_bucket_view": True}
+# The Trainer's DDP, as DistributedDataParallel's own arguments (the benchmarks and tests build it so). Each gradient is
+# a view of its all-reduce bucket, instead of a tensor the bucket is copied back into after its all-reduce; and the
+# first process's buffers are not sent to the others before every forward: they are tables computed alike in every
+# process (the rotary and sinusoid tables) or kept equal by an all-reduce of their own (token dropping's loss table,
+# `TokenLoss.update`). Two CPU processes of the cram's bf16 step: 2.3% faster with the first, 1.4% with the second,
+# which left the whole script level within the noise but spares every step a collective (docs/SPEED.md).
+DDP_OPTIONS = {"gradient_as_bucket_view": True, "forward_sync_buffers": False}
 
 
 @dataclass
@@ -138,7 +142,9 @@ def setup_accelerator(args) -> Accelerator:
         log_with=args.report_to if args.with_tracking else None,
         project_dir=args.output_dir,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
-        kwargs_handlers=[DistributedDataParallelKwargs(**DDP_OPTIONS)],
+        kwargs_handlers=[
+            DistributedDataParallelKwargs(gradient_as_bucket_view=DDP_OPTIONS["gradient_as_bucket_view"])
+        ],
     )
     if cpu and fsdp_requested():
         shard_on_cpu(accelerator)
@@ -391,6 +397,8 @@ class Trainer:
         # loss in fp32, so the copy (pretraining's logits: masked rows x vocabulary, each step) was pure cost, a fifth
         # of a bf16 step on 2 CPU cores (benchmarks/pretrain_throughput.py). Unwrapping so removes both wrappers.
         accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)
+        if isinstance(self.model, nn.parallel.DistributedDataParallel):  # (accelerate's DDP arguments lack this one)
+            self.model.forward_sync_buffers = DDP_OPTIONS["forward_sync_buffers"]
         # CPU processes on one machine average their gradients through shared memory, not gloo's sockets.
         self.gradient_all_reduce = register_gradient_all_reduce(self.model)
         if self.gradient_all_reduce:
