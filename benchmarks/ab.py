@@ -4,6 +4,7 @@
     python benchmarks/ab.py ../before                            # bf16 SST-2 dev inference
     python benchmarks/ab.py ../before --inference fp32
     python benchmarks/ab.py ../before --inference fp32 --batch_size 1   # one sentence at a time, as pipeline() serves
+    python benchmarks/ab.py ../before --bf16_weights                # every model cast to bf16, no autocast
     python benchmarks/ab.py ../before --training small bf16      # pretraining steps on full blocks
     python benchmarks/ab.py ../before --training small bf16 --padded   # one padded row in every batch
 
@@ -46,14 +47,16 @@ def speed_module(root: Path):
     return speed
 
 
-def inference_runs(before, after, batch_size: int) -> tuple[dict, object]:
+def inference_runs(before, after, batch_size: int, dtype: torch.dtype) -> tuple[dict, object]:
     """One timed pass over the SST-2 dev sentences in batches of `batch_size` for each of before, after and BERT
-    eager."""
+    eager, their weights in `dtype`."""
     batches = after.inference_batches(after.sst2_dev(), batch_size)
     models = {"before": before.models("small", task="classification")[0].eval(),
               "after": after.models("small", task="classification")[0].eval(),
               "bert_eager": after.models("small", task="classification", bert_attention="eager")[1].eval()}
     copy_weights(models)
+    for model in models.values():
+        model.to(dtype)
     runs = {name: (lambda model=model: after.timed_pass(model, batches)) for name, model in models.items()}
     return runs, torch.no_grad()
 
@@ -96,12 +99,16 @@ def main():
     what.add_argument("--training", nargs=2, metavar=("SIZE", "PRECISION"))
     parser.add_argument("--padded", action="store_true", help="With --training: one padded row in every batch.")
     parser.add_argument("--batch_size", type=int, default=32, help="With --inference: sentences per batch.")
+    parser.add_argument("--bf16_weights", action="store_true",
+                        help="Inference with every model's weights cast to bf16 instead of under autocast.")
     parser.add_argument("--repeats", type=int, default=10, help="Timed rounds, after one untimed.")
     args = parser.parse_args()
     root = args.before.resolve()
     if not (root / "benchmarks" / "speed.py").is_file() or not (root / "sinebert").is_dir():
         parser.error(f"{args.before}: not a sinebert checkout (no benchmarks/speed.py and sinebert/ there).")
     before, after = speed_module(root), speed_module(HERE)
+    if args.training and args.bf16_weights:
+        parser.error("--bf16_weights is for inference; training keeps float32 weights under autocast.")
     if args.training:
         size, precision = args.training
         if size not in after.SIZES or precision not in ("fp32", "bf16"):
@@ -110,9 +117,11 @@ def main():
         runs, context = training_runs(before, after, size, precision, args.padded)
         label = f"training {size} {precision}{' padded' if args.padded else ''}"
     else:
-        precision = args.inference
-        runs, context = inference_runs(before, after, args.batch_size)
-        label = f"SST-2 dev inference {precision}, batches of {args.batch_size}"
+        precision = "fp32" if args.bf16_weights else args.inference
+        runs, context = inference_runs(before, after, args.batch_size,
+                                       torch.bfloat16 if args.bf16_weights else torch.float32)
+        label = (f"SST-2 dev inference {'bf16 weights' if args.bf16_weights else precision}, batches of "
+                 f"{args.batch_size}")
     times = {name: [] for name in runs}
     with context, after.autocast(precision):
         for repeat in range(args.repeats + 1):

@@ -1,9 +1,10 @@
 """SineBERT: a BERT-style encoder with fixed sinusoidal positions and its own multi-head attention.
 
 This file reads as BERT: embeddings, attention, feed-forward network, layers, the encoder, the heads, and the eager
-reference kernel. Two sibling files hold the fast machinery: `attention_sinebert.py` the kernels, registered by name,
-and `layout_sinebert.py` the padding-free layout of a batch. With `configuration_sinebert.py` they are what a saved
-checkpoint carries for `trust_remote_code=True` (transformers copies a model file's relative imports), so they
+reference kernel. Sibling files hold the fast machinery: `attention_sinebert.py` the kernels, registered by name,
+`layout_sinebert.py` the padding-free layout of a batch, `loss_sinebert.py` the masked-LM loss over the vocabulary in
+chunks, and `linear_sinebert.py` the linear layer's bf16 serving path. With `configuration_sinebert.py` they are what a
+saved checkpoint carries for `trust_remote_code=True` (transformers copies a model file's relative imports), so they
 import only torch, transformers and each other.
 """
 
@@ -42,6 +43,7 @@ from .attention_sinebert import (
     window_covers,
 )
 from .configuration_sinebert import SineBertConfig
+from .linear_sinebert import SineBertLinear
 from .layout_sinebert import LayerRows, TokenLayout, TokenLoss, nonzero, tokens_to_keep, with_prediction_fillers
 from .loss_sinebert import vocabulary_cross_entropy
 
@@ -293,8 +295,8 @@ class SineBertAttention(nn.Module):
         local = self.layer_type == "sliding_attention"
         self.sliding_window = config.sliding_window if local else None
         self.global_positions = tuple(config.global_attention_positions or ()) if local else ()
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.bias)
-        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
+        self.qkv_proj = SineBertLinear(config.hidden_size, 3 * config.hidden_size, bias=config.bias)
+        self.out_proj = SineBertLinear(config.hidden_size, config.hidden_size, bias=config.bias)
 
     def forward(
         self,
@@ -419,9 +421,10 @@ class SineBertMLP(nn.Module):
     def __init__(self, config: SineBertConfig):
         super().__init__()
         self.gated = config.mlp_type == "glu"
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size * (2 if self.gated else 1), bias=config.bias)
+        width = config.intermediate_size * (2 if self.gated else 1)
+        self.fc1 = SineBertLinear(config.hidden_size, width, bias=config.bias)
         self.act = ACT2FN[config.hidden_act]
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.bias)
+        self.fc2 = SineBertLinear(config.intermediate_size, config.hidden_size, bias=config.bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if not self.gated:
@@ -678,7 +681,7 @@ class SineBertPredictionHead(nn.Module):
 
     def __init__(self, config: SineBertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
+        self.dense = SineBertLinear(config.hidden_size, config.hidden_size, bias=config.bias)
         self.act = ACT2FN[config.hidden_act]
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
 
@@ -693,7 +696,7 @@ class SineBertForMaskedLM(SineBertPreTrainedModel):
         super().__init__(config)
         self.sinebert = SineBertModel(config)
         self.head = SineBertPredictionHead(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.decoder = SineBertLinear(config.hidden_size, config.vocab_size)
         dropping_by_loss = config.token_dropping_layers is not None and config.token_dropping_policy == "loss"
         self.token_loss = TokenLoss(config.vocab_size) if dropping_by_loss else None
         self.post_init()
@@ -781,9 +784,9 @@ class SineBertDiscriminatorHead(nn.Module):
 
     def __init__(self, config: SineBertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = SineBertLinear(config.hidden_size, config.hidden_size)
         self.act = ACT2FN[config.hidden_act]
-        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+        self.dense_prediction = SineBertLinear(config.hidden_size, 1)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.dense_prediction(self.act(self.dense(hidden_states))).squeeze(-1)  # (batch, seq)
@@ -837,10 +840,10 @@ class SineBertForSequenceClassification(SineBertPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.sinebert = SineBertModel(config)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = SineBertLinear(config.hidden_size, config.hidden_size)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = SineBertLinear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def pool(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -919,7 +922,7 @@ class SineBertForTokenClassification(SineBertPreTrainedModel):
         self.sinebert = SineBertModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = SineBertLinear(config.hidden_size, config.num_labels)
         self.post_init()
 
     @can_return_tuple
@@ -956,7 +959,7 @@ class SineBertForQuestionAnswering(SineBertPreTrainedModel):
     def __init__(self, config: SineBertConfig):
         super().__init__(config)
         self.sinebert = SineBertModel(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.qa_outputs = SineBertLinear(config.hidden_size, 2)
         self.post_init()
 
     def save_pretrained(self, save_directory, *args, **kwargs):

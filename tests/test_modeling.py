@@ -1192,6 +1192,29 @@ def test_bf16_weights_serve_every_head_as_float32_does(tmp_path, recipe):
         torch.testing.assert_close(served.float(), expected, atol=0.03, rtol=0.03, msg=auto.__name__)
 
 
+def test_bf16_linear_serves_through_onednn_with_the_bias_fused_and_equals_f_linear():
+    from sinebert.linear_sinebert import SineBertLinear
+
+    torch.manual_seed(0)
+    layer = SineBertLinear(32, 48).to(torch.bfloat16)
+    x = torch.randn(3, 5, 32, dtype=torch.bfloat16)
+    with torch.no_grad(), torch.profiler.profile() as trace:
+        served = layer(x)
+    ran = {event.key for event in trace.key_averages()}
+    assert "mkldnn::_linear_pointwise" in ran and "aten::addmm" not in ran
+    assert torch.equal(served, F.linear(x, layer.weight, layer.bias))  # bit for bit, the bias rounded once as there
+    # With a gradient, in float32, or on a strided input, F.linear runs, so autograd and every other case are its.
+    for inputs, grad in ((x, True), (x.float(), False), (torch.randn(3, 64, 32, dtype=torch.bfloat16)[:, ::2], False)):
+        layer.to(inputs.dtype)
+        with torch.set_grad_enabled(grad), torch.profiler.profile() as trace:
+            out = layer(inputs)
+        assert "mkldnn::_linear_pointwise" not in {event.key for event in trace.key_averages()}
+        assert torch.equal(out, F.linear(inputs, layer.weight, layer.bias))
+        if grad:
+            out.sum().backward()
+            assert layer.weight.grad is not None
+
+
 def test_masked_lm_decoder_is_tied_and_sparse_prediction_gives_the_same_loss():
     model = SineBertForMaskedLM(tiny_config()).eval()
     assert model.decoder.weight is model.sinebert.embeddings.word_embeddings.weight
