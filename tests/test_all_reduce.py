@@ -154,6 +154,11 @@ def _buffers_after_steps(rank: int, world_size: int, folder: str):
         optimizer.step()
         optimizer.zero_grad()
     save_file({name: b.contiguous() for name, b in model.module.named_buffers()}, f"{folder}/rank{rank}")
+    # The loss table's all-reduces run inside the forward. Without a barrier after them, gloo's worker thread can
+    # still be releasing one when the model's last reference goes, and the process group's destructor then joins that
+    # thread while holding the GIL the release waits for: this file hung so in each of two runs, and in none of three
+    # with the barrier. The Trainer meets the other processes again after every forward, and before it ends.
+    dist.barrier()
     dist.destroy_process_group()
 
 
