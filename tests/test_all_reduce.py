@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from sinebert import SineBertForMaskedLM
 from sinebert.training.all_reduce import (SharedMemoryAllReduce, header_bytes, register_gradient_all_reduce,
                                           shared_memory_all_reduce, x86_linux)
 from sinebert.training.loop import DDP_OPTIONS, setup_accelerator
-from sinebert import SineBertForMaskedLM
 from tests.conftest import load_script, tiny_config
 
 
