@@ -43,8 +43,8 @@ from .attention_sinebert import (
     window_covers,
 )
 from .configuration_sinebert import SineBertConfig
-from .linear_sinebert import SineBertLinear
 from .layout_sinebert import LayerRows, TokenLayout, TokenLoss, nonzero, tokens_to_keep, with_prediction_fillers
+from .linear_sinebert import SineBertLinear
 from .loss_sinebert import vocabulary_cross_entropy
 
 
