@@ -203,6 +203,12 @@ def attention_buckets(
     return tuple(buckets)
 
 
+def compiled_totals(counts: torch.Tensor) -> list[int]:
+    """counts `(batch,)`, each row's real tokens -> [the tokens, the longest, the sequences with tokens]: all that
+    the rows read of the batch under torch.compile (`one_bucket`), in one read."""
+    return torch.stack([counts.sum(), counts.max(), counts.count_nonzero()]).tolist()
+
+
 def one_bucket(
     on_device: torch.Tensor, sequences: int, longest: int, total: int, heads: int, key_multiple: int = 1,
     per_head: Callable[[int], bool] | None = None, mask_dtype: torch.dtype | None = None,
@@ -286,20 +292,21 @@ class TokenRows(NamedTuple):
     def from_mask(
         cls, attention_mask: torch.Tensor, heads: int, key_multiple: int = 1, row_multiple: int = 1,
         packed: bool = False, lengths: list[int] | None = None, per_head: Callable[[int], bool] | None = None,
-        mask_dtype: torch.dtype | None = None,
+        mask_dtype: torch.dtype | None = None, totals: list[int] | None = None,
     ) -> "TokenRows":
         """`key_multiple`: the buckets' keys are rounded up to a multiple of it (see `attention_buckets`);
         `row_multiple`: the rows, with fillers, where there are at least FILLED_MIN_ROWS; `packed`: the sequences'
         boundaries instead of buckets; `lengths`: each row's count of True places where the caller has read them
-        (else they are read here: every size below comes from that one read; under torch.compile three totals,
-        `one_bucket`); `heads`, `per_head` and `mask_dtype`: as `attention_buckets` takes them."""
+        (else they are read here: every size below comes from that one read; under torch.compile `totals`,
+        `one_bucket`'s, read here where not given); `heads`, `per_head` and `mask_dtype`: as `attention_buckets`
+        takes them."""
         real = attention_mask.bool()
         counts = real.sum(1)  # (batch,)
         order = torch.argsort(counts, descending=True, stable=True)
         sorted_lengths = counts[order]  # (batch,) longest first
         compiling = torch.compiler.is_compiling()
         if compiling:  # three totals, one bucket (see `one_bucket`)
-            n_real, longest, sequences = torch.stack([counts.sum(), counts.max(), counts.count_nonzero()]).tolist()
+            n_real, longest, sequences = compiled_totals(counts) if totals is None else totals
         else:
             on_host = sorted(counts.tolist() if lengths is None else lengths, reverse=True)
             n_real, longest, sequences = sum(on_host), on_host[0] if on_host else 0, sum(1 for n in on_host if n)
@@ -630,12 +637,19 @@ class TokenLayout:
             rows = dict(key_multiple=key_multiple, row_multiple=row_multiple, packed=packed,
                         per_head=per_head_kernel(implementation, device, dtype),
                         mask_dtype=dtype if implementation == "sdpa" else None)  # (its kernels add masks as they are)
-        # Each row's count of real tokens: the one read of the attention mask, for the padding mask and the rows.
+        # Each row's count of real tokens: the one read of the attention mask, for the padding mask and the rows. Under
+        # torch.compile, which would guard on every length, three totals instead (`one_bucket`).
         lengths = [shape[1]] * shape[0] if attention_mask is None else None
+        totals = padded = None
         if attention_mask is not None and attention_mask.dim() == 2 and not is_tracing():
-            # (Not under torch.compile, which would guard on every length: the rows read three totals there.)
-            lengths = None if torch.compiler.is_compiling() else attention_mask.bool().sum(1).tolist()
-        padded = None if lengths is None else any(n < shape[1] for n in lengths)
+            counts = attention_mask.bool().sum(1)
+            if torch.compiler.is_compiling():
+                totals = compiled_totals(counts)
+                padded = totals[0] < shape[0] * shape[1]
+            else:
+                lengths = counts.tolist()
+        if lengths is not None:
+            padded = any(n < shape[1] for n in lengths)
         # Sliding windows that reach every key of the longest sequence are full attention on this batch.
         longest = shape[1] if lengths is None else max(lengths, default=0)
         self.windows_cover = "sliding_attention" in config.layer_types and window_covers(
@@ -647,7 +661,7 @@ class TokenLayout:
         self.tokens = None
         if self.packed or fast and self.masks["full_attention"] is not None:
             real = attention_mask if attention_mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
-            self.tokens = TokenRows.from_mask(real, config.num_attention_heads, lengths=lengths, **rows)
+            self.tokens = TokenRows.from_mask(real, config.num_attention_heads, lengths=lengths, totals=totals, **rows)
         self.queries = self.output_mask = None
         if output_mask is not None:
             read = _check_token_mask("output_mask", output_mask, attention_mask, shape, "The positions to read "

@@ -509,6 +509,25 @@ def test_torch_compile_with_freezing_serves_padded_batches_of_new_lengths_as_the
                                        eager(input_ids=ids, attention_mask=mask).logits, atol=1e-4, rtol=1e-4)
 
 
+def test_compiled_serving_breaks_its_graph_only_where_it_reads_the_batch():
+    """Under torch.compile a padded batch is read twice, each read a graph break: the ids' range (`_check_ids`) and
+    the three totals of its rows (`compiled_totals`), whose first also says whether anything is padded. A third read
+    (`mask.all()`, for the padding mask) broke the graph once more, and dynamo printed a warning with its stack for
+    it. The classifier that fine-tuning makes, mean pooling; dynamo's capture alone (backend "eager")."""
+    import torch._dynamo
+
+    model = SineBertForSequenceClassification(
+        tiny_config(num_labels=2, classifier_pooling="mean", position_embedding_type="rotary")
+    ).eval()
+    ids = torch.randint(5, 99, (3, 12))
+    mask = (torch.arange(12) < torch.tensor([12, 7, 9])[:, None]).long()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(input_ids=ids, attention_mask=mask)
+    torch._dynamo.reset()
+    assert {reason.user_stack[-1].name for reason in explained.break_reasons} == {"_check_ids", "compiled_totals"}
+
+
 def _assert_compiled_steps_match_eager(model: torch.nn.Module, reference: torch.nn.Module, batches: list[dict]):
     """Runs `model` under torch.compile and `reference` eager, from the same weights, on `batches` with dynamo held to
     4 graphs a frame: a frame that compiles again for each batch fails. Their losses and gradients must match.
